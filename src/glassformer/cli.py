@@ -1,0 +1,71 @@
+"""The `glassformer` command: thin — it parses arguments and calls the wing that does the work.
+
+Each sub-command lives in its wing as a pair `add_arguments(parser)` / `run(args) -> int`,
+imported only when that sub-command runs (so `glassformer trace` never loads the translator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+from .errors import UsageError
+
+# name -> (module, help). The module defines add_<name>_arguments(parser) and <name>_command(args).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "trace": ("glassformer.lesson.commands", "run a trace-spec v1 JSON file in float64, print the JSON trace"),
+    "lesson": ("glassformer.lesson.commands", "the lesson's worked examples, computed by the model code"),
+    "verify": ("glassformer.lesson.commands", "check every claim of the lesson (A1...G2), one row each"),
+    "train": ("glassformer.translation.commands", "train the Chinese->English translator"),
+    "translate": ("glassformer.translation.commands", "translate Chinese sentences (arguments or stdin)"),
+    "evaluate": ("glassformer.translation.commands", "sacreBLEU BLEU and chrF of a model on a split"),
+    "explain": ("glassformer.translation.commands", "the lesson's walk in numbers for one sentence"),
+    "lab": ("glassformer.lab.commands", "the browser lab: follow one token through the Transformer"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="glassformer", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError:
+            continue
+        adder = getattr(mod, f"add_{name}_arguments", None)
+        if adder is not None:
+            adder(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    module, _ = COMMANDS[args.command]
+    command = getattr(importlib.import_module(module), f"{args.command}_command")
+    try:
+        return int(command(args) or 0)
+    except UsageError as error:
+        print(f"glassformer {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as error:
+        print(f"glassformer {args.command}: error: {error.strerror}: {error.filename}", file=sys.stderr)
+        return 2
+    except json.JSONDecodeError as error:
+        print(f"glassformer {args.command}: error: invalid JSON: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"glassformer {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

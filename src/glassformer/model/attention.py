@@ -1,0 +1,237 @@
+"""MultiHeadAttention (self and cross) with a KV cache, a fast path and a glass path.
+
+Fast path: fused projections + `F.scaled_dot_product_attention`. Glass path: the same math
+written out (QK^T, / sqrt(d_k), mask, softmax over keys, . V, concat, W^O), recording every
+intermediate per head. Tests hold the two equal.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .masks import as_attention_mask, causal_mask, combine
+from .positions import RelativePositionBias, RotaryEmbedding
+from .trace import Trace, join
+
+
+class KVCache:
+    """Keys and values of one attention module across decoding steps.
+
+    Self-attention: one row per step is appended (buffer grows by doubling, no re-concatenation).
+    Cross-attention (`static=True`): K/V are projected from the encoder output once per source.
+    """
+
+    def __init__(self, static: bool = False) -> None:
+        self.static = static
+        self.k: Tensor | None = None    # (batch, heads, capacity, d_k)
+        self.v: Tensor | None = None    # (batch, heads, capacity, d_v)
+        self.length = 0
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add new rows (batch, heads, new, d) and return every cached row so far."""
+        new = k.size(2)
+        need = self.length + new
+        if self.k is None or need > self.k.size(2):
+            cap = max(16, need, 2 * (self.k.size(2) if self.k is not None else 0))
+            k_buf = k.new_empty(k.size(0), k.size(1), cap, k.size(3))
+            v_buf = v.new_empty(v.size(0), v.size(1), cap, v.size(3))
+            if self.k is not None:
+                k_buf[:, :, : self.length] = self.k[:, :, : self.length]
+                v_buf[:, :, : self.length] = self.v[:, :, : self.length]
+            self.k, self.v = k_buf, v_buf
+        self.k[:, :, self.length: need] = k
+        self.v[:, :, self.length: need] = v
+        self.length = need
+        return self.k[:, :, :need], self.v[:, :, :need]
+
+    def set_static(self, k: Tensor, v: Tensor) -> None:
+        self.k, self.v, self.length = k, v, k.size(2)
+
+    def get(self) -> tuple[Tensor, Tensor]:
+        return self.k[:, :, : self.length], self.v[:, :, : self.length]
+
+    @property
+    def ready(self) -> bool:
+        return self.k is not None
+
+    def reorder(self, index: Tensor) -> None:
+        """Follow the beams: keep batch rows `index` (beam search reordering)."""
+        if self.k is not None:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+
+
+def _guard_empty_rows(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+    """Rows with no visible key: let them see everything (finite softmax), return a row-keep flag.
+
+    The caller multiplies weights/outputs by the flag, so such rows give zero weights and zero
+    output, never NaN, in every dtype, and their gradients stay finite.
+    """
+    if mask is None:
+        return None, None
+    has_key = mask.any(dim=-1, keepdim=True)                                 # (..., query, 1)
+    if bool(has_key.all()):
+        return mask, None
+    return mask | ~has_key, has_key
+
+
+class MultiHeadAttention(nn.Module):
+    """H heads, each softmax(Q_r K_r^T / sqrt(d_k) + M) V_r; Concat(H_1..H_H) W^O.
+
+    Per-head projections are stored fused: `in_proj` rows are [W^Q heads | W^K heads | W^V heads]
+    (the layout of nn.MultiheadAttention), `out_proj` is W^O. Self-attention projects all three
+    from x in one matmul; cross-attention projects Q from x and K/V from the encoder output.
+    """
+
+    def __init__(self, d_model: int, heads: int, d_k: int, d_v: int, *, bias: bool = True,
+                 dropout: float = 0.0, scale: bool = True, rope: RotaryEmbedding | None = None,
+                 relative: RelativePositionBias | None = None, path: str = "fast") -> None:
+        super().__init__()
+        self.d_model, self.heads, self.d_k, self.d_v = d_model, heads, d_k, d_v
+        self.in_proj = nn.Linear(d_model, heads * (2 * d_k + d_v), bias=bias)
+        self.out_proj = nn.Linear(heads * d_v, d_model, bias=bias)
+        self.dropout = dropout
+        self.scale = scale
+        self.rope = rope
+        self.relative = relative
+        self.path = path
+        self.disabled_heads: set[int] = set()
+        nn.init.xavier_uniform_(self.in_proj.weight)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        if bias:
+            nn.init.zeros_(self.in_proj.bias)
+            nn.init.zeros_(self.out_proj.bias)
+
+    # ---- projections ---------------------------------------------------------------------
+    def _split_heads(self, x: Tensor, width: int) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.heads, width).transpose(1, 2)              # (batch, heads, len, width)
+
+    def project_q(self, x: Tensor) -> Tensor:
+        n = self.heads * self.d_k
+        b = self.in_proj.bias[:n] if self.in_proj.bias is not None else None
+        return self._split_heads(F.linear(x, self.in_proj.weight[:n], b), self.d_k)
+
+    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        n = self.heads * self.d_k
+        b = self.in_proj.bias[n:] if self.in_proj.bias is not None else None
+        kv = F.linear(x, self.in_proj.weight[n:], b)                         # (batch, len, H*(d_k+d_v))
+        k, v = kv.split((n, self.heads * self.d_v), dim=-1)
+        return self._split_heads(k, self.d_k), self._split_heads(v, self.d_v)
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        n = self.heads * self.d_k
+        qkv = F.linear(x, self.in_proj.weight, self.in_proj.bias)            # (batch, len, H*(2d_k+d_v))
+        q, k, v = qkv.split((n, n, self.heads * self.d_v), dim=-1)
+        return self._split_heads(q, self.d_k), self._split_heads(k, self.d_k), self._split_heads(v, self.d_v)
+
+    # ---- forward -------------------------------------------------------------------------
+    def forward(self, x: Tensor, memory: Tensor | None = None, mask: Tensor | None = None, *,
+                causal: bool = False, cache: KVCache | None = None, trace: Trace | None = None,
+                prefix: str = "") -> Tensor:
+        """x: (batch, query, d) queries. memory: (batch, key, d) for cross-attention, None for self.
+
+        mask: boolean, broadcastable to (batch, heads, query, key), True = may attend.
+        causal: add the triangle, aligned to the cache (query i is position offset + i).
+        cache: KVCache to extend (self) or to fill once and reuse (cross).
+        """
+        offset = 0
+        if memory is None:                                                   # self-attention
+            q, k, v = self.project_qkv(x)                                    # (batch, heads, len, d_k|d_v)
+            if cache is not None:
+                offset = cache.length
+            q_pos = torch.arange(offset, offset + x.size(1), device=x.device)
+            if self.rope is not None:
+                q, k = self.rope(q, q_pos), self.rope(k, q_pos)
+            if cache is not None:
+                k, v = cache.append(k, v)                                    # (batch, heads, offset+len, d)
+        else:                                                                # cross-attention
+            q = self.project_q(x)
+            if cache is not None and cache.ready:
+                k, v = cache.get()
+            else:
+                k, v = self.project_kv(memory)
+                if cache is not None:
+                    cache.set_static(k, v)
+            q_pos = None
+        n_q, n_k = q.size(2), k.size(2)
+
+        mask = as_attention_mask(mask)
+        is_causal = False
+        if causal and n_q > 1:
+            if mask is None and offset == 0 and n_q == n_k and self.relative is None:
+                is_causal = True                                             # SDPA's top-left triangle is right here
+            else:
+                mask = as_attention_mask(combine(causal_mask(n_q, n_k, offset, device=x.device), mask))
+        bias = None
+        if self.relative is not None and memory is None:
+            k_pos = torch.arange(n_k, device=x.device)
+            bias = self.relative(q_pos, k_pos).to(q.dtype)                   # (heads, query, key)
+
+        glass = self.path == "glass" or trace is not None
+        if glass:
+            if is_causal:
+                mask = as_attention_mask(causal_mask(n_q, n_k, 0, device=x.device))
+            heads_out = self._glass(q, k, v, mask, bias, trace, prefix)
+        else:
+            heads_out = self._fast(q, k, v, mask, bias, is_causal)
+        if self.disabled_heads:
+            keep = torch.ones(self.heads, 1, 1, dtype=heads_out.dtype, device=heads_out.device)
+            keep[sorted(self.disabled_heads)] = 0.0
+            heads_out = heads_out * keep                                     # a switched-off head adds zeros
+        b = x.size(0)
+        concat = heads_out.transpose(1, 2).reshape(b, n_q, self.heads * self.d_v)  # (batch, query, H*d_v)
+        out = self.out_proj(concat)                                          # (batch, query, d)
+        if trace is not None:
+            trace.record(join(prefix, "concat"), concat)
+            trace.record(join(prefix, "output"), out)
+        return out
+
+    def _fast(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
+              is_causal: bool) -> Tensor:
+        mask, has_key = _guard_empty_rows(mask)
+        attn_mask = mask
+        if bias is not None:
+            attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+        scale = 1.0 / math.sqrt(self.d_k) if self.scale else 1.0
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0, scale=scale)   # (batch, heads, query, d_v)
+        if has_key is not None:
+            out = out * has_key
+        return out
+
+    def _glass(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
+               trace: Trace | None, prefix: str) -> Tensor:
+        scores = q @ k.transpose(-2, -1)                                     # (batch, heads, query, key)
+        scaled = scores / math.sqrt(self.d_k) if self.scale else scores
+        if bias is not None:
+            scaled = scaled + bias
+        visible = mask
+        if visible is not None:
+            scaled = scaled.masked_fill(~visible, float("-inf"))             # masked entries: -inf
+        guarded, has_key = _guard_empty_rows(visible)
+        logits = scaled if has_key is None else scaled.masked_fill(~has_key, 0.0)
+        weights = torch.softmax(logits, dim=-1)                              # softmax over keys
+        if has_key is not None:
+            weights = weights * has_key
+        if self.training and self.dropout > 0:
+            weights = F.dropout(weights, self.dropout)
+        out = weights @ v                                                    # (batch, heads, query, d_v)
+        if trace is not None:
+            for h in range(self.heads):
+                head = join(prefix, f"head.{h}")
+                trace.record(f"{head}.q", q[:, h])
+                trace.record(f"{head}.k", k[:, h])
+                trace.record(f"{head}.v", v[:, h])
+                trace.record(f"{head}.scores", scores[:, h])
+                trace.record(f"{head}.scaled_scores", scaled[:, h])
+                trace.record(f"{head}.weights", weights[:, h])
+                trace.record(f"{head}.output", out[:, h])
+            if visible is not None:
+                trace.record(join(prefix, "mask"), visible.expand(q.size(0), -1, q.size(2), k.size(2))[:, 0])
+        return out

@@ -1,0 +1,246 @@
+"""Encoder, Decoder, the encoder-decoder Transformer with its vocabulary head, and the
+encoder-only / decoder-only families built from the same layers."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+from .layers import DecoderLayer, EncoderLayer, LayerCache
+from .masks import padding_mask
+from .positions import LearnedPositions, sinusoidal_positions
+from .trace import Trace, child, join
+
+
+class Embeddings(nn.Module):
+    """Token embedding x sqrt(d) plus the absolute position vector (sinusoidal or learned), then dropout.
+
+    Relative bias and RoPE act inside attention instead, so they add nothing here.
+    """
+
+    def __init__(self, vocab: int, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.token = nn.Embedding(vocab, cfg.d_model)
+        nn.init.normal_(self.token.weight, std=cfg.d_model ** -0.5)
+        self.scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
+        self.learned = LearnedPositions(cfg.max_len, cfg.d_model) if cfg.positions == "learned" else None
+        if cfg.positions == "sinusoidal":
+            self.register_buffer("table", sinusoidal_positions(cfg.max_len, cfg.d_model), persistent=False)
+        else:
+            self.table = None
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
+        """ids: (batch, len) -> (batch, len, d); `offset` = absolute position of the first row."""
+        n = ids.size(1)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.token.num_embeddings):
+            raise ValueError(f"token id out of range [0, {self.token.num_embeddings}): "
+                             f"min {int(ids.min())}, max {int(ids.max())}")
+        if offset + n > self.cfg.max_len and self.cfg.positions in ("sinusoidal", "learned"):
+            raise ValueError(f"sequence length {offset + n} exceeds max_len {self.cfg.max_len}")
+        x = self.token(ids) * self.scale                                     # (batch, len, d)
+        if self.table is not None:
+            x = x + self.table[offset: offset + n].to(x.dtype)
+        elif self.learned is not None:
+            x = x + self.learned(torch.arange(offset, offset + n, device=ids.device))
+        return self.dropout(x)
+
+
+class Encoder(nn.Module):
+    """A stack of EncoderLayers over embedded source rows (plus a final LN for pre-norm)."""
+
+    def __init__(self, cfg: ModelConfig, n_layers: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(n_layers))
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.eps) if cfg.use_final_norm else None
+
+    def forward(self, x: Tensor, src_pad: Tensor | None = None, *, mask: Tensor | None = None,
+                trace: Trace | None = None, prefix: str = "encoder") -> Tensor:
+        """x: (batch, src, d); src_pad: (batch, src) True = PAD. Returns H: (batch, src, d)."""
+        if mask is None and src_pad is not None:
+            mask = padding_mask(src_pad)                                     # (batch, 1, 1, src)
+        for i, layer in enumerate(self.layers):
+            name = join(prefix, str(i))
+            x = layer(x, mask, trace=child(trace, name), prefix=name)
+        if self.norm is not None:
+            x = self.norm(x)
+        if trace is not None:
+            trace.record(join(prefix, "output"), x)
+        return x
+
+
+class Decoder(nn.Module):
+    """A stack of DecoderLayers: masked self-attention, cross-attention to H, FFN (final LN for pre)."""
+
+    def __init__(self, cfg: ModelConfig, n_layers: int, cross: bool = True) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(DecoderLayer(cfg, cross=cross) for _ in range(n_layers))
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.eps) if cfg.use_final_norm else None
+
+    def forward(self, y: Tensor, memory: Tensor | None = None, src_pad: Tensor | None = None,
+                tgt_pad: Tensor | None = None, *, cache: list[LayerCache] | None = None,
+                trace: Trace | None = None, prefix: str = "decoder") -> Tensor:
+        """y: (batch, tgt, d). tgt_pad is optional: right padding is already hidden from every real
+        row by the triangle, so training may skip it (the padded rows are excluded from the loss)."""
+        self_mask = padding_mask(tgt_pad) if tgt_pad is not None else None  # (batch, 1, 1, tgt)
+        memory_mask = padding_mask(src_pad) if src_pad is not None else None  # no triangle on cross
+        for i, layer in enumerate(self.layers):
+            name = join(prefix, str(i))
+            y = layer(y, memory, self_mask, memory_mask, causal=True,
+                      cache=cache[i] if cache is not None else None, trace=child(trace, name), prefix=name)
+        if self.norm is not None:
+            y = self.norm(y)
+        if trace is not None:
+            trace.record(join(prefix, "output"), y)
+        return y
+
+
+class DecoderCache:
+    """All layers' KV caches for incremental decoding, plus how many target positions are cached."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.layers = [LayerCache() for _ in range(n_layers)]
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].self.length if self.layers else 0
+
+    def reorder(self, index: Tensor) -> None:
+        for layer in self.layers:
+            layer.reorder(index)
+
+
+def _label_smoothed_nll(logits: Tensor, labels: Tensor, smoothing: float) -> Tensor:
+    """Summed cross-entropy over rows (rows are already non-PAD), with label smoothing."""
+    return F.cross_entropy(logits.float(), labels, reduction="sum", label_smoothing=smoothing)
+
+
+class Transformer(nn.Module):
+    """The 2017 encoder-decoder: source encoder, target decoder with cross-attention, vocabulary head."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.src_embed = Embeddings(cfg.src_vocab, cfg)
+        self.tgt_embed = Embeddings(cfg.tgt_vocab, cfg)
+        self.encoder = Encoder(cfg, cfg.encoder_layers)
+        self.decoder = Decoder(cfg, cfg.decoder_layers, cross=True)
+        self.generator = nn.Linear(cfg.d_model, cfg.tgt_vocab, bias=False)  # the vocabulary head
+        if cfg.tie_target:
+            self.generator.weight = self.tgt_embed.token.weight
+        else:
+            nn.init.normal_(self.generator.weight, std=cfg.d_model ** -0.5)
+
+    # ---- pieces ------------------------------------------------------------------------
+    def source_padding(self, src: Tensor) -> Tensor:
+        return src == self.cfg.pad_id                                        # (batch, src) True = PAD
+
+    def encode(self, src: Tensor, src_pad: Tensor | None = None, trace: Trace | None = None) -> Tensor:
+        """src ids (batch, src) -> H (batch, src, d)."""
+        src_pad = self.source_padding(src) if src_pad is None else src_pad
+        x = self.src_embed(src)
+        if trace is not None:
+            trace.record("encoder.embedding", x)
+        return self.encoder(x, src_pad, trace=child(trace, "encoder"))
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_pad: Tensor | None = None,
+               tgt_pad: Tensor | None = None, cache: DecoderCache | None = None,
+               trace: Trace | None = None) -> Tensor:
+        """Right-shifted target ids (batch, tgt) + H -> decoder output rows (batch, tgt, d)."""
+        offset = cache.length if cache is not None else 0
+        y = self.tgt_embed(tgt_in, offset=offset)
+        if trace is not None:
+            trace.record("decoder.embedding", y)
+        return self.decoder(y, memory, src_pad, tgt_pad, cache=cache.layers if cache is not None else None,
+                            trace=child(trace, "decoder"))
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return self.generator(hidden)                                        # (..., tgt_vocab)
+
+    # ---- whole passes --------------------------------------------------------------------
+    def forward(self, src: Tensor, tgt_in: Tensor, src_pad: Tensor | None = None,
+                tgt_pad: Tensor | None = None, trace: Trace | None = None) -> Tensor:
+        """Teacher forcing: every target row's next-token logits in one pass, (batch, tgt, vocab)."""
+        src_pad = self.source_padding(src) if src_pad is None else src_pad
+        memory = self.encode(src, src_pad, trace)
+        logits = self.logits(self.decode(tgt_in, memory, src_pad, tgt_pad, trace=trace))
+        if trace is not None:
+            trace.record("logits", logits)
+        return logits
+
+    def loss(self, src: Tensor, tgt_in: Tensor, labels: Tensor, label_smoothing: float = 0.0,
+             src_pad: Tensor | None = None) -> tuple[Tensor, int]:
+        """Summed label-smoothed cross-entropy over non-PAD labels, and their count.
+
+        Only rows with a real label reach the vocabulary head: no logits are computed at PAD.
+        """
+        src_pad = self.source_padding(src) if src_pad is None else src_pad
+        memory = self.encode(src, src_pad)
+        hidden = self.decode(tgt_in, memory, src_pad)                        # (batch, tgt, d)
+        keep = labels != self.cfg.pad_id                                     # (batch, tgt)
+        rows = hidden[keep]                                                  # (n_real, d)
+        return _label_smoothed_nll(self.logits(rows), labels[keep], label_smoothing), int(keep.sum())
+
+    def new_cache(self) -> DecoderCache:
+        return DecoderCache(self.cfg.decoder_layers)
+
+    def decode_step(self, tokens: Tensor, memory: Tensor, src_pad: Tensor | None,
+                    cache: DecoderCache) -> Tensor:
+        """Feed the newest target token(s) (batch, new) through the cache; logits (batch, new, vocab)."""
+        return self.logits(self.decode(tokens, memory, src_pad, cache=cache))
+
+
+class EncoderOnlyModel(nn.Module):
+    """BERT-like: bidirectional encoder layers and a tied head for masked-token reconstruction."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = Embeddings(cfg.src_vocab, cfg)
+        self.encoder = Encoder(cfg, cfg.encoder_layers)
+        self.head = nn.Linear(cfg.d_model, cfg.src_vocab, bias=False)
+        self.head.weight = self.embed.token.weight
+
+    def forward(self, ids: Tensor, pad: Tensor | None = None, trace: Trace | None = None) -> Tensor:
+        pad = ids == self.cfg.pad_id if pad is None else pad
+        x = self.embed(ids)
+        if trace is not None:
+            trace.record("encoder.embedding", x)
+        return self.head(self.encoder(x, pad, trace=child(trace, "encoder")))   # (batch, len, vocab)
+
+
+class DecoderOnlyModel(nn.Module):
+    """GPT-like: causal layers (no cross-attention) and a tied head for next-token prediction."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = Embeddings(cfg.tgt_vocab, cfg)
+        self.decoder = Decoder(cfg, cfg.decoder_layers, cross=False)
+        self.head = nn.Linear(cfg.d_model, cfg.tgt_vocab, bias=False)
+        self.head.weight = self.embed.token.weight
+
+    def forward(self, ids: Tensor, cache: DecoderCache | None = None, trace: Trace | None = None) -> Tensor:
+        offset = cache.length if cache is not None else 0
+        y = self.embed(ids, offset=offset)
+        if trace is not None:
+            trace.record("decoder.embedding", y)
+        h = self.decoder(y, cache=cache.layers if cache is not None else None, trace=child(trace, "decoder"))
+        return self.head(h)                                                  # (batch, len, vocab)
+
+    def new_cache(self) -> DecoderCache:
+        return DecoderCache(self.cfg.decoder_layers)
+
+
+def build_model(cfg: ModelConfig) -> nn.Module:
+    """The model of `cfg.family`, from the same layers."""
+    if cfg.family == "encoder-only":
+        return EncoderOnlyModel(cfg)
+    if cfg.family == "decoder-only":
+        return DecoderOnlyModel(cfg)
+    return Transformer(cfg)

@@ -1,0 +1,1 @@
+"""Chinese→English translator: corpus loading (``corpus``) and tokenizers (``tokenize``)."""
