@@ -1,0 +1,175 @@
+"""MultiHeadAttention: the fast and glass paths agree; masks, empty rows, heads, the KV cache."""
+
+import math
+
+import pytest
+import torch
+
+from glassformer.model import KVCache, ModelConfig, MultiHeadAttention, Trace, causal_mask, padding_mask
+from glassformer.model.positions import RelativePositionBias, RotaryEmbedding
+
+
+def pair(**kw):
+    """The same weights behind a fast-path and a glass-path module."""
+    fast = MultiHeadAttention(12, 3, 4, 5, path="fast", **kw).eval()
+    glass = MultiHeadAttention(12, 3, 4, 5, path="glass", **kw).eval()
+    glass.load_state_dict(fast.state_dict())
+    with torch.no_grad():
+        fast.in_proj.bias.normal_()
+        glass.in_proj.bias.copy_(fast.in_proj.bias)
+    return fast, glass
+
+
+def random_mask(b, q, k):
+    mask = torch.rand(b, 1, q, k) > 0.3
+    mask[..., 0] = True                                   # every row keeps a key
+    return mask
+
+
+@pytest.mark.parametrize("kind", ["none", "padding", "causal", "random", "causal+padding"])
+@pytest.mark.parametrize("positions", ["none", "rope", "relative"])
+def test_fast_and_glass_paths_agree_self_attention(kind, positions):
+    kw = {}
+    if positions == "rope":
+        kw["rope"] = RotaryEmbedding(4)
+    if positions == "relative":
+        kw["relative"] = RelativePositionBias(3, 4)
+    fast, glass = pair(**kw)
+    glass.rope, glass.relative = fast.rope, fast.relative
+    x = torch.randn(4, 9, 12)
+    pad = torch.zeros(4, 9, dtype=torch.bool)
+    pad[1, 6:] = True
+    mask = {"none": None, "padding": padding_mask(pad), "causal": None, "random": random_mask(4, 9, 9),
+            "causal+padding": padding_mask(pad)}[kind]
+    causal = kind.startswith("causal")
+    with torch.no_grad():
+        a = fast(x, mask=mask, causal=causal)
+        b = glass(x, mask=mask, causal=causal)
+    assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
+
+
+def test_fast_and_glass_paths_agree_cross_attention():
+    fast, glass = pair()
+    x, memory = torch.randn(2, 5, 12), torch.randn(2, 8, 12)
+    pad = torch.zeros(2, 8, dtype=torch.bool)
+    pad[0, 4:] = True
+    with torch.no_grad():
+        a = fast(x, memory, mask=padding_mask(pad))
+        b = glass(x, memory, mask=padding_mask(pad))
+    assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_glass_path_is_the_formula():
+    """softmax_key(Q K^T / sqrt(d_k)) V per head, concat, W^O — written out independently here."""
+    _, glass = pair()
+    x = torch.randn(1, 6, 12, dtype=torch.float64)
+    glass = glass.double()
+    trace = Trace()
+    with torch.no_grad():
+        out = glass(x, trace=trace, prefix="att")
+        w, bias = glass.in_proj.weight, glass.in_proj.bias
+        heads = []
+        for h in range(3):
+            q = x[0] @ w[h * 4:(h + 1) * 4].T + bias[h * 4:(h + 1) * 4]
+            k = x[0] @ w[12 + h * 4: 12 + (h + 1) * 4].T + bias[12 + h * 4: 12 + (h + 1) * 4]
+            v = x[0] @ w[24 + h * 5: 24 + (h + 1) * 5].T + bias[24 + h * 5: 24 + (h + 1) * 5]
+            s = q @ k.T / math.sqrt(4)
+            a = torch.exp(s - s.max(dim=1, keepdim=True).values)
+            a = a / a.sum(dim=1, keepdim=True)
+            assert torch.allclose(trace[f"att.head.{h}.weights"][0], a, atol=1e-12)
+            heads.append(a @ v)
+        expected = torch.cat(heads, dim=1) @ glass.out_proj.weight.T + glass.out_proj.bias
+    assert torch.allclose(out[0], expected, atol=1e-12)
+    weights = trace["att.head.0.weights"][0]
+    assert torch.allclose(weights.sum(dim=-1), torch.ones(6, dtype=torch.float64))   # rows sum to 1
+    assert not torch.allclose(weights.sum(dim=0), torch.ones(6, dtype=torch.float64))  # columns need not
+
+
+@pytest.mark.parametrize("path", ["fast", "glass"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_without_visible_key_gives_zeros_not_nan(path, dtype):
+    mha = MultiHeadAttention(8, 2, 4, 4, path=path).to(dtype)
+    x = torch.randn(2, 4, 8, dtype=dtype, requires_grad=True)
+    mask = torch.ones(2, 1, 4, 4, dtype=torch.bool)
+    mask[0, :, 2, :] = False                              # sentence 0, query row 2 sees nothing
+    trace = Trace() if path == "glass" else None
+    out = mha(x, mask=mask, trace=trace, prefix="a")
+    assert torch.isfinite(out.float()).all()
+    bias_only = mha.out_proj.bias.to(dtype)
+    assert torch.allclose(out[0, 2].float(), bias_only.float())  # zero head outputs -> only the W^O bias
+    if trace is not None:
+        assert torch.all(trace["a.head.0.weights"][0, 2] == 0)
+        assert torch.allclose(trace["a.head.0.weights"][0, 1].float().sum(), torch.tensor(1.0), atol=1e-2)
+    out.float().sum().backward()
+    assert torch.isfinite(x.grad.float()).all()
+
+
+def test_switched_off_head_removes_exactly_its_contribution():
+    _, glass = pair()
+    glass = glass.double()
+    x = torch.randn(2, 5, 12, dtype=torch.float64)
+    t_all, t_off = Trace(), Trace()
+    with torch.no_grad():
+        full = glass(x, trace=t_all, prefix="a")
+        glass.disabled_heads = {1}
+        off = glass(x, trace=t_off, prefix="a")
+    w_o = glass.out_proj.weight                            # (d, H*d_v)
+    head1 = t_all["a.head.1.output"] @ w_o[:, 5:10].T      # head 1's share of W^O's output
+    assert torch.allclose(full - off, head1, atol=1e-12)
+    assert torch.all(t_off["a.concat"][..., 5:10] == 0)
+    assert torch.allclose(t_off["a.head.0.output"], t_all["a.head.0.output"])  # other heads unchanged
+    assert torch.allclose(t_off["a.concat"][..., :5], t_all["a.concat"][..., :5])
+
+
+@pytest.mark.parametrize("path", ["fast", "glass"])
+def test_kv_cache_one_row_per_step_equals_full_causal(path):
+    mha = MultiHeadAttention(12, 3, 4, 4, path=path, rope=RotaryEmbedding(4)).eval()
+    x = torch.randn(2, 7, 12)
+    with torch.no_grad():
+        full = mha(x, causal=True)
+        cache = KVCache()
+        steps = [mha(x[:, i:i + 1], causal=True, cache=cache) for i in range(7)]
+    assert cache.length == 7
+    assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
+
+
+def test_cross_attention_cache_is_computed_once():
+    mha = MultiHeadAttention(12, 3, 4, 4).eval()
+    memory = torch.randn(2, 6, 12)
+    cache = KVCache(static=True)
+    calls = []
+    original = mha.project_kv
+    mha.project_kv = lambda m: calls.append(1) or original(m)
+    with torch.no_grad():
+        for _ in range(4):
+            mha(torch.randn(2, 1, 12), memory, cache=cache)
+    assert len(calls) == 1 and cache.length == 6
+
+
+def test_kv_cache_reorder_follows_beams():
+    cache = KVCache()
+    k = torch.arange(3.0).view(3, 1, 1, 1).expand(3, 2, 1, 4)
+    cache.append(k, k)
+    cache.reorder(torch.tensor([2, 2, 0]))
+    got, _ = cache.get()
+    assert got[:, 0, 0, 0].tolist() == [2.0, 2.0, 0.0]
+
+
+def test_causal_mask_alignment_with_cache_offset():
+    m = causal_mask(2, 5, offset=3)                        # queries are positions 3 and 4
+    assert m.tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
+    assert causal_mask(3).tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+
+
+def test_unscaled_scores_switch():
+    cfg = ModelConfig.tiny()
+    assert cfg.scale_scores
+    mha = MultiHeadAttention(4, 1, 4, 4, scale=False, path="glass").double()
+    with torch.no_grad():
+        mha.in_proj.weight.copy_(torch.eye(4).repeat(3, 1))
+        mha.in_proj.bias.zero_()
+    x = torch.tensor([[[1.0, 0, 1, 0], [0, 1, 0, 2]]], dtype=torch.float64)
+    t = Trace()
+    mha(x, trace=t, prefix="a")
+    assert torch.allclose(t["a.head.0.scaled_scores"], t["a.head.0.scores"])
+    assert t["a.head.0.scores"][0].tolist() == [[2.0, 0.0], [0.0, 5.0]]
