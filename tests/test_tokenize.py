@@ -1,0 +1,165 @@
+"""Source (Chinese units) and target (English BPE) tokenizers: splitting, UNK handling, serialisation."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from glassformer.translation.corpus import LESSON_SENTENCES, CorpusSplits, load_corpus
+from glassformer.translation.tokenize import (
+    BOS,
+    EOS,
+    PAD,
+    SPECIAL_TOKENS,
+    UNK,
+    SourceTokenizer,
+    TargetTokenizer,
+    Vocab,
+)
+
+LESSON_UNITS = ["我", "昨天", "给", "了", "他", "一", "本", "书", "。"]
+
+
+@pytest.fixture(scope="module")
+def corpus() -> CorpusSplits:
+    return load_corpus()
+
+
+@pytest.fixture(scope="module")
+def src(corpus: CorpusSplits) -> SourceTokenizer:
+    return SourceTokenizer.train(p.zh_units for p in corpus.train)
+
+
+@pytest.fixture(scope="module")
+def tgt(corpus: CorpusSplits) -> TargetTokenizer:
+    return TargetTokenizer.train((p.en for p in corpus.train), vocab_size=2000)
+
+
+# ---------------------------------------------------------------- source side
+@pytest.mark.parametrize("typed", [
+    "我／昨天／给／了／他／一／本／书／。",
+    "我/昨天/给/了/他/一/本/书/。",
+    "我 昨天 给 了 他 一 本 书 。",
+    "  我　昨天／ 给 /了 他 一 本 书。 ",  # ideographic space, mixed separators, punctuation glued on
+])
+def test_separator_input_splits_exactly(src: SourceTokenizer, typed: str) -> None:
+    enc = src.analyse(typed)
+    assert enc.units == LESSON_UNITS and enc.presegmented
+    assert enc.unknown == [] and UNK not in enc.ids
+
+
+def test_separators_win_over_the_segmenter(src: SourceTokenizer) -> None:
+    # "给了" is not a training word: the user's split is kept and reported, not re-segmented
+    enc = src.analyse("我 昨天 给了")
+    assert enc.units == ["我", "昨天", "给了"] and enc.unknown == ["给了"] and enc.ids[2] == UNK
+
+
+@pytest.mark.parametrize("sentence", LESSON_SENTENCES)
+def test_lesson_sentences_segment_into_known_units(src: SourceTokenizer, sentence: str) -> None:
+    enc = src.analyse(sentence)
+    assert "".join(enc.units) == sentence and len(enc.units) == 9 and enc.unknown == []
+    assert not enc.presegmented
+    assert sorted(enc.units) == sorted(LESSON_UNITS)
+
+
+def test_punctuation_units(src: SourceTokenizer) -> None:
+    assert src.segment("老师，您好！") == ["老师", "，", "您", "好", "！"]
+    assert src.segment("你好?") == ["你", "好", "？"]  # ASCII '?' -> the corpus's '？'
+    assert src.segment("我很好.") == ["我", "很", "好", "。"]
+    assert src.segment("好!!") == ["好", "！", "！"]
+    assert src.segment("3.5") == ["3", ".", "5"]
+
+
+def test_unknowns_map_to_unk_and_are_reported(src: SourceTokenizer) -> None:
+    assert src.analyse("") == src.analyse("   ") and src.encode("") == []
+    emoji = src.analyse("我爱😀")
+    assert emoji.units == ["我", "爱", "😀"] and emoji.unknown == ["😀"] and emoji.ids[-1] == UNK
+    latin = src.analyse("hello world")
+    assert latin.units == ["hello", "world"] and latin.ids == [UNK, UNK]
+    mixed = src.analyse("我用iPhone打电话")
+    assert mixed.units == ["我", "用", "iPhone", "打电话"] and mixed.unknown == ["iPhone"]
+    assert src.unknown_units("龘龘") == ["龘", "龘"]  # a Han character never seen in training
+    assert src.encode("我", add_bos_eos=True) == [BOS, src.vocab.token_to_id("我"), EOS]
+
+
+def test_very_long_input_is_fast(src: SourceTokenizer) -> None:
+    start = time.perf_counter()
+    ids = src.encode("我昨天给了他一本书。" * 2000)
+    assert len(ids) == 9 * 2000 and UNK not in ids
+    assert time.perf_counter() - start < 5.0
+
+
+def test_segmenter_agreement_with_corpus(corpus: CorpusSplits, src: SourceTokenizer) -> None:
+    # Measured numbers documented in docs/data.md (default mode: unigram over the training vocabulary).
+    assert sum(src.segment(p.zh) == p.zh_units for p in corpus.train) == 3811
+    assert sum(src.segment(p.zh) == p.zh_units for p in corpus.test) == 94
+    seen = [p for p in corpus.test if all(u in src.vocab for u in p.zh_units)]
+    assert len(seen) == 68 and all(src.segment(p.zh) == p.zh_units for p in seen)
+    assert sum(u not in src.vocab for p in corpus.test for u in src.segment(p.zh)) == 136
+
+
+def test_other_modes(src: SourceTokenizer) -> None:
+    char = SourceTokenizer(src.vocab, "char")
+    assert char.segment("我昨天。") == ["我", "昨", "天", "。"]
+    assert SourceTokenizer(src.vocab, "fmm").segment("我昨天给了他一本书。") == LESSON_UNITS
+    assert SourceTokenizer(src.vocab, "bmm").segment("我昨天给了他一本书。") == LESSON_UNITS
+    with pytest.raises(ValueError):
+        SourceTokenizer(src.vocab, "jieba")
+
+
+def test_vocab_specials_min_freq_and_json_round_trip() -> None:
+    vocab = Vocab.build([["我", "你", "我"], ["我", "书"]], min_freq=2)
+    assert vocab.tokens == [*SPECIAL_TOKENS, "我"] and (PAD, BOS, EOS, UNK) == (0, 1, 2, 3)
+    assert vocab.encode(["我", "你"]) == [4, UNK] and "你" not in vocab and "<pad>" not in vocab
+    assert vocab.decode([BOS, 4, UNK, EOS, PAD]) == ["我", "<unk>"]
+    restored = Vocab.from_dict(json.loads(json.dumps(vocab.to_dict())))
+    assert restored.tokens == vocab.tokens and restored.counts == {"我": 3}
+    with pytest.raises(ValueError):
+        Vocab.from_dict({"tokens": ["我", "<pad>"]})
+
+
+def test_source_tokenizer_json_round_trip(corpus: CorpusSplits, src: SourceTokenizer) -> None:
+    restored = SourceTokenizer.from_dict(json.loads(json.dumps(src.to_dict(), ensure_ascii=False)))
+    assert restored.mode == src.mode and restored.vocab_size == src.vocab_size == 4917
+    texts = [p.zh for p in corpus.dev] + [*LESSON_SENTENCES, "我／昨天／给", "我爱😀"]
+    assert [restored.encode(t) for t in texts] == [src.encode(t) for t in texts]
+
+
+# ---------------------------------------------------------------- target side
+ENGLISH = [
+    "I gave him a book yesterday.",
+    "He gave me a book yesterday.",
+    "Don't worry; the doctor is coming right away.",
+    "This coat is 20% off.",
+    'She said "hello" to me, then left!',
+    "What's the date today?",
+]
+
+
+@pytest.mark.parametrize("sentence", ENGLISH)
+def test_english_round_trip(tgt: TargetTokenizer, sentence: str) -> None:
+    ids = tgt.encode(sentence)
+    assert UNK not in ids
+    assert tgt.decode(ids) == sentence
+    assert tgt.decode([BOS, *ids, EOS, PAD, PAD, 7, 8]) == sentence  # stops at EOS, drops specials
+
+
+def test_english_tokens_split_punctuation(tgt: TargetTokenizer) -> None:
+    assert tgt.tokens("I gave him a book yesterday.")[-2:] == ["▁yesterday", "."]
+    assert tgt.encode("Hi", add_bos_eos=True)[0] == BOS and tgt.encode("Hi", add_bos_eos=True)[-1] == EOS
+
+
+def test_english_specials_and_size(corpus: CorpusSplits, tgt: TargetTokenizer) -> None:
+    assert [tgt.id_to_token(i) for i in range(4)] == list(SPECIAL_TOKENS)
+    assert tgt.token_to_id("<unk>") == UNK and tgt.vocab_size == 2000
+    round_trips = sum(tgt.decode(tgt.encode(p.en)) == p.en for p in corpus.dev)
+    assert round_trips >= 231  # the misses contain characters never seen in train English (e.g. 'é')
+
+
+def test_target_tokenizer_json_round_trip(corpus: CorpusSplits, tgt: TargetTokenizer) -> None:
+    restored = TargetTokenizer.from_dict(json.loads(json.dumps(tgt.to_dict())))
+    texts = ENGLISH + [p.en for p in corpus.dev]
+    assert [restored.encode(t) for t in texts] == [tgt.encode(t) for t in texts]
+    assert TargetTokenizer.from_str(tgt.to_str()).vocab_size == tgt.vocab_size
