@@ -1,0 +1,49 @@
+# glassformer — two commands on a fresh machine: `make demo` and `make test`.
+# Both create .venv/ at the repository root and install the project into it from nothing.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+GF := $(VENV)/bin/glassformer
+STAMP := $(VENV)/.installed
+MODEL ?= runs/default
+
+.PHONY: demo test lint bench bench-quick venv clean
+
+venv: $(STAMP)
+
+# torch 2.13.0 first (the CPU build lies on local disk), then the project with a range it satisfies.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+demo: $(STAMP)
+	$(GF) lesson
+	$(GF) verify
+	@if [ ! -f $(MODEL)/model.safetensors ]; then \
+		echo "== training the default translator into $(MODEL) (about 10 minutes on 2 CPU cores)"; \
+		$(GF) train --preset default --out $(MODEL); \
+	else echo "== using the trained translator in $(MODEL)"; fi
+	$(GF) evaluate --model $(MODEL) --split test
+	$(GF) explain --model $(MODEL) "我昨天给了他一本书。" --target "I gave him a book yesterday."
+	$(GF) translate --model $(MODEL) "我昨天给了他一本书。" "他昨天给了我一本书。" "我喜欢喝茶。" "你明天去学校吗？"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+
+bench: $(STAMP)
+	$(PY) -m pip install --quiet -e ".[test,bench]"
+	$(PY) -m benchmarks.run
+
+bench-quick: $(STAMP)
+	$(PY) -m pip install --quiet -e ".[test,bench]"
+	$(PY) -m benchmarks.run --quick
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
