@@ -5,8 +5,17 @@ import math
 import pytest
 import torch
 
-from glassformer.model import (DecoderOnlyModel, EncoderOnlyModel, FeedForward, ModelConfig, ResidualNorm,
-                               Trace, Transformer, build_model, sinusoidal_positions)
+from glassformer.model import (
+    DecoderOnlyModel,
+    EncoderOnlyModel,
+    FeedForward,
+    ModelConfig,
+    ResidualNorm,
+    Trace,
+    Transformer,
+    build_model,
+    sinusoidal_positions,
+)
 from glassformer.model.positions import RelativePositionBias, RotaryEmbedding
 
 POSITIONS = ["sinusoidal", "learned", "relative", "rope", "none"]

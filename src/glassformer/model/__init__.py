@@ -6,8 +6,15 @@ from .layers import DecoderLayer, EncoderLayer, FeedForward, LayerCache, Residua
 from .masks import causal_mask, combine, loss_mask, padding_mask
 from .positions import LearnedPositions, RelativePositionBias, RotaryEmbedding, sinusoidal_positions
 from .trace import Trace
-from .transformer import (Decoder, DecoderCache, DecoderOnlyModel, Encoder, EncoderOnlyModel, Transformer,
-                          build_model)
+from .transformer import (
+                          Decoder,
+                          DecoderCache,
+                          DecoderOnlyModel,
+                          Encoder,
+                          EncoderOnlyModel,
+                          Transformer,
+                          build_model,
+)
 
 __all__ = [
     "KVCache", "MultiHeadAttention", "PRESETS", "ModelConfig", "DecoderLayer", "EncoderLayer", "FeedForward",
