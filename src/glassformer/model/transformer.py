@@ -29,11 +29,17 @@ class Embeddings(nn.Module):
         nn.init.normal_(self.token.weight, std=cfg.d_model ** -0.5)
         self.scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
         self.learned = LearnedPositions(cfg.max_len, cfg.d_model) if cfg.positions == "learned" else None
-        if cfg.positions == "sinusoidal":
-            self.register_buffer("table", sinusoidal_positions(cfg.max_len, cfg.d_model), persistent=False)
-        else:
-            self.table = None
+        self.sinusoidal = cfg.positions == "sinusoidal"
+        self._tables: dict[tuple[torch.dtype, torch.device], Tensor] = {}   # the fixed table, per dtype/device
         self.dropout = nn.Dropout(cfg.dropout)
+
+    def position_table(self, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """The sinusoidal table (max_len, d), computed in float64 and cast once per dtype and device."""
+        key = (dtype, device)
+        if key not in self._tables:
+            table = sinusoidal_positions(self.cfg.max_len, self.cfg.d_model, torch.float64)
+            self._tables[key] = table.to(device=device, dtype=dtype)
+        return self._tables[key]
 
     def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
         """ids: (batch, len) -> (batch, len, d); `offset` = absolute position of the first row."""
@@ -44,8 +50,8 @@ class Embeddings(nn.Module):
         if offset + n > self.cfg.max_len and self.cfg.positions in ("sinusoidal", "learned"):
             raise ValueError(f"sequence length {offset + n} exceeds max_len {self.cfg.max_len}")
         x = self.token(ids) * self.scale                                     # (batch, len, d)
-        if self.table is not None:
-            x = x + self.table[offset: offset + n].to(x.dtype)
+        if self.sinusoidal:
+            x = x + self.position_table(x.dtype, x.device)[offset: offset + n]
         elif self.learned is not None:
             x = x + self.learned(torch.arange(offset, offset + n, device=ids.device))
         return self.dropout(x)
