@@ -1,0 +1,231 @@
+"""`glassformer trace`, `glassformer lesson` and `glassformer verify`: the lesson wing's commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import unicodedata
+
+import numpy as np
+import torch
+
+from ..errors import UsageError
+from ..model.masks import causal_mask, combine, loss_mask, padding_mask
+from ..model.trace import Trace
+from . import claims
+from . import examples as ex
+from .claims import one_thread
+from .spec import SpecError, run_spec
+
+# ---- trace -------------------------------------------------------------------------------------
+
+
+def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", metavar="SPEC.json", help="trace-spec v1 file ('-' reads standard input)")
+    parser.add_argument("--output", "-o", metavar="FILE", help="write the JSON here instead of standard output")
+    parser.add_argument("--indent", type=int, default=None, metavar="N",
+                        help="pretty-print with N spaces (default: one compact line)")
+
+
+def read_spec(path: str) -> object:
+    """Parse a spec file (or stdin for '-'); malformed JSON is a SpecError naming the place."""
+    if path == "-":
+        text = sys.stdin.read()
+    else:
+        with open(path, encoding="utf-8-sig") as f:
+            text = f.read()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        where = "stdin" if path == "-" else path
+        raise SpecError(f"{where}: invalid JSON at line {error.lineno} column {error.colno}: {error.msg}") from None
+
+
+def trace_command(args: argparse.Namespace) -> int:
+    if args.indent is not None and args.indent < 0:
+        raise UsageError(f"--indent: expected N >= 0, got {args.indent}")
+    doc = read_spec(args.spec)
+    with one_thread():
+        result = run_spec(doc)
+    text = json.dumps(result, indent=args.indent, ensure_ascii=False, allow_nan=False)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+# ---- lesson: the worked examples, computed ------------------------------------------------------
+
+NINE_UNITS_SEED = 0
+"""Seed of the untrained tiny encoder whose 9×9 tables `lesson` prints."""
+
+
+def nine_unit_tables(seed: int = NINE_UNITS_SEED) -> list[np.ndarray]:
+    """Layer-0 self-attention weights (one 9×9 table per head) of a seeded, untrained tiny encoder."""
+    trace = Trace("encoder.0.self_attention.head.*.weights")
+    with torch.no_grad():
+        claims.seeded_model(seed).encode(claims.source_ids(ex.NINE_UNITS), trace=trace)  # the checks' model
+    return [t[0].numpy() for t in trace.records.values()]
+
+
+def batch_masks() -> dict[str, np.ndarray]:
+    """The two-sentence batch's masks, built by the model's mask functions (True = may attend / counts)."""
+    src = np.array([ex.ids(s, ex.SOURCE_VOCAB) for s in ex.BATCH_SOURCE])
+    tgt = np.array([ex.ids(s, ex.TARGET_VOCAB) for s in ex.BATCH_TARGET_INPUT])
+    labels = torch.tensor([ex.ids(s, ex.TARGET_VOCAB) for s in ex.BATCH_LABELS])
+    src_pad, tgt_pad = torch.from_numpy(src == 0), torch.from_numpy(tgt == 0)
+    tri = causal_mask(tgt.shape[1])
+    return {"source_padding": src_pad.numpy(),                                  # (batch, src) True = PAD
+            "source_visible": padding_mask(src_pad)[:, 0, 0].numpy(),           # (batch, src) True = valid key
+            "causal": tri.numpy(),                                              # (tgt, tgt)
+            "target_padding": tgt_pad.numpy(),
+            "combined": combine(tri, padding_mask(tgt_pad))[:, 0].numpy(),      # (batch, tgt, tgt)
+            "loss_mask": loss_mask(labels).numpy()}                             # (batch, tgt)
+
+
+def lesson_results() -> dict:
+    """Every worked example of the lesson, computed by the model code, as plain JSON."""
+    masks = batch_masks()
+    return {
+        "exercise": {"q": [list(r) for r in ex.EXERCISE_Q], "k": [list(r) for r in ex.EXERCISE_K],
+                     "v": [list(r) for r in ex.EXERCISE_V],
+                     "unscaled": run_spec(ex.exercise_spec(scale=False)),
+                     "scaled": run_spec(ex.exercise_spec(scale=True))},
+        "block": run_spec(ex.block_spec()),
+        "nine_units": {"units": list(ex.NINE_UNITS), "model": f"tiny encoder, seed {NINE_UNITS_SEED}, untrained",
+                       "layer": 0, "weights": [t.tolist() for t in nine_unit_tables()]},
+        "batch": {"source": [list(s) for s in ex.BATCH_SOURCE],
+                  "target_input": [list(s) for s in ex.BATCH_TARGET_INPUT],
+                  "labels": [list(s) for s in ex.BATCH_LABELS],
+                  **{k: v.tolist() for k, v in masks.items()},
+                  "loss_terms": [int(n) for n in masks["loss_mask"].sum(axis=1)]},
+    }
+
+
+def _width(text: str) -> int:
+    """Columns a string takes in a terminal: CJK characters take two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def _pad(text: str, width: int, right: bool = True) -> str:
+    space = " " * max(0, width - _width(text))
+    return space + text if right else text + space
+
+
+def table(title: str, values, rows=None, cols=None) -> str:
+    """A fixed-width table: floats to 6 decimals, booleans as 1/0, None (masked) as '-inf'."""
+    def cell(v) -> str:
+        if v is None:
+            return "-inf"
+        if isinstance(v, (bool, np.bool_)):
+            return "1" if v else "0"
+        return f"{float(v):.6f}"
+    grid = [[cell(v) for v in row] for row in values]
+    rows = [str(r) for r in (rows or range(1, len(grid) + 1))]
+    cols = [str(c) for c in (cols or range(1, len(grid[0]) + 1))]
+    label_w = max(_width(r) for r in rows)
+    col_w = max([_width(c) for c in cols] + [_width(v) for row in grid for v in row]) + 1
+    lines = [title, _pad("", label_w, False) + " " + "".join(_pad(c, col_w) for c in cols)]
+    for r, row in zip(rows, grid, strict=True):
+        lines.append(_pad(r, label_w, False) + " " + "".join(_pad(v, col_w) for v in row))
+    return "\n".join(lines)
+
+
+def lesson_text(results: dict) -> str:
+    """The lesson's worked examples as readable tables."""
+    out = []
+    e = results["exercise"]
+    out.append("== The 2×3 exercise: two queries read three keys/values ==")
+    out.append(table("Q", e["q"], cols=["d1", "d2"]))
+    out.append(table("K (rows; the lesson prints Kᵀ)", e["k"], ["k1", "k2", "k3"], ["d1", "d2"]))
+    out.append(table("V", e["v"], ["k1", "k2", "k3"], ["d1", "d2"]))
+    for name, r in (("unscaled", e["unscaled"]), ("scaled by 1/√d_k, d_k = 2", e["scaled"])):
+        keys = ["k1", "k2", "k3"]
+        out.append(table(f"scores QKᵀ ({name})", r["scaled_scores"], ["q1", "q2"], keys))
+        out.append(table(f"weights A = softmax over keys ({name})", r["weights"], ["q1", "q2"], keys))
+        out.append(table(f"output AV ({name})", r["output"], ["q1", "q2"], ["d1", "d2"]))
+
+    b = results["block"]
+    pos = ["我", "给", "书"]
+    out.append("== The BLOCK: 3 rows, d = 4, two heads, d_k = d_v = 2, post-norm, ε = 1e-5 ==")
+    out.append(table("X", [list(r) for r in ex.X], pos))
+    for h, head in enumerate(b["self_attention"]["heads"]):
+        for key, label in (("q", "Q"), ("k", "K"), ("v", "V")):
+            out.append(table(f"head {h + 1}: {label} = X W{label}{h + 1}", head[key], pos))
+        out.append(table(f"head {h + 1}: scores QKᵀ", head["scores"], pos, pos))
+        out.append(table(f"head {h + 1}: scaled scores QKᵀ/√2", head["scaled_scores"], pos, pos))
+        out.append(table(f"head {h + 1}: weights (rows sum to 1)", head["weights"], pos, pos))
+        out.append(table(f"head {h + 1}: output", head["output"], pos))
+    s0, s1 = b["sublayers"]
+    out += [table("concat (H1 | H2)", b["self_attention"]["concat"], pos),
+            table("MHA = concat · W^O", b["self_attention"]["output"], pos),
+            table("X + MHA", s0["residual"], pos),
+            table("U = LN1(X + MHA)", s0["normed"], pos),
+            table("FFN hidden ReLU(U W1)", b["ffn"]["hidden"], pos),
+            table("FFN(U)", b["ffn"]["output"], pos),
+            table("U + FFN(U)", s1["residual"], pos),
+            table("Z = LN2(U + FFN(U))", b["output"], pos)]
+
+    n = results["nine_units"]
+    out.append(f"== 9×9 self-attention of 我／昨天／给／了／他／一／本／书／。 "
+               f"({n['model']}: the pattern means nothing yet) ==")
+    for h, w in enumerate(n["weights"]):
+        out.append(table(f"layer 0, head {h + 1}: weights (query rows, key columns)", w, n["units"], n["units"]))
+
+    m = results["batch"]
+    out.append("== The two-sentence batch: masks (1 = may attend / counts, 0 = hidden) ==")
+    out.append("\n".join(f"{name}: source {' '.join(m['source'][i])} | target input "
+                         f"{' '.join(m['target_input'][i])} | labels {' '.join(m['labels'][i])}"
+                         for i, name in enumerate("AB")))
+    out.append(table("source keys visible (encoder and cross-attention)", m["source_visible"], ["A", "B"],
+                     [str(j) for j in range(len(m["source"][0]))]))
+    tgt_cols = [str(j) for j in range(len(m["causal"]))]
+    out.append(table("causal 6×6 (query rows, key columns)", m["causal"], tgt_cols, tgt_cols))
+    for i, name in enumerate("AB"):
+        out.append(table(f"causal AND key padding, sample {name}", m["combined"][i], m["target_input"][i],
+                         m["target_input"][i]))
+    out.append(table("loss mask (labels that count)", m["loss_mask"], ["A", "B"], tgt_cols))
+    out.append(f"loss terms: A {m['loss_terms'][0]}, B {m['loss_terms'][1]}")
+    return "\n\n".join(out)
+
+
+def add_lesson_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+
+
+def lesson_command(args: argparse.Namespace) -> int:
+    with one_thread():
+        results = lesson_results()
+    if args.json:
+        print(json.dumps(results, ensure_ascii=False, allow_nan=False))
+    else:
+        print(lesson_text(results))
+    return 0
+
+
+# ---- verify ---------------------------------------------------------------------------------
+
+
+def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("ids", nargs="*", metavar="ID", help="only these claims (e.g. A4 B3); default all")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+
+
+def verify_command(args: argparse.Namespace) -> int:
+    unknown = [i for i in args.ids if i.upper() not in claims.CHECKS]
+    if unknown:
+        raise UsageError(f"unknown claim ID {unknown[0]!r} (known: {', '.join(claims.CHECKS)})")
+    rows = [claims.run_check(i.upper()) for i in args.ids] if args.ids else claims.run_all()
+    failed = [c.id for c in rows if not c.passed]
+    if args.json:
+        print(json.dumps({"claims": [c.to_dict() for c in rows], "passed": len(rows) - len(failed),
+                          "failed": failed}, ensure_ascii=False))
+    else:
+        for c in rows:
+            print(f"{c.id:<3} {'PASS' if c.passed else 'FAIL'}  {c.title} | {c.measured}")
+        print(f"{len(rows)} claims: {len(rows) - len(failed)} PASS, {len(failed)} FAIL"
+              + (f" ({', '.join(failed)})" if failed else ""))
+    return 1 if failed else 0
