@@ -1,0 +1,56 @@
+"""`glassformer lab`: serve the browser lab on loopback, or write it as one offline HTML file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import webbrowser
+
+import torch
+
+from ..errors import UsageError
+from .api import LabAPI
+
+
+def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", metavar="DIR", default=None,
+                        help="trained model folder (default: runs/default if it exists, else a seeded "
+                             "untrained model, labelled as such)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 = any free port)")
+    parser.add_argument("--no-browser", action="store_true", help="do not open a browser window")
+    parser.add_argument("--export", metavar="FILE", default=None,
+                        help="write one self-contained HTML file (works offline from file://) and exit")
+
+
+def lab_command(args: argparse.Namespace) -> int:
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be in [0, 65535], got {args.port}")
+    # Many small requests, one model behind a lock: intra-op threads only add synchronisation
+    # (measured: a 9-unit sentence 11 ms with 1 thread, ~200 ms with 2 on a busy 2-core machine).
+    torch.set_num_threads(1)
+    api = LabAPI(model_dir=args.model)
+    model = api.lab_model                             # load now: a bad --model fails before serving
+    if args.export:
+        from .export import write_export
+        size = write_export(api, args.export)
+        print(f"wrote {args.export} ({size / 1024:.0f} KiB): open it in a browser, no server needed")
+        return 0
+    from .server import make_server
+    try:
+        server = make_server(api, args.host, args.port, quiet=False)
+    except OSError as error:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {error.strerror}") from None
+    label = api.describe(model)["label"]["en"]
+    print(f"glassformer lab: {server.url}  (model: {label})", flush=True)
+    print("press Ctrl+C to stop", file=sys.stderr, flush=True)
+    if not args.no_browser:
+        webbrowser.open(server.url)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0

@@ -1,0 +1,130 @@
+"""`glassformer lab --export FILE`: the whole lab as one self-contained HTML file that works from file://.
+
+CSS and JS are inlined; every view's data is embedded as JSON. Switches that would need the server
+use precomputed results: for the BLOCK (and the 2×3 exercise) every combination of heads switched off,
+norm placement, scaling and mask; for the sentence, the original and the 我↔他 swap, positions on
+and off. Running your own trace spec or sentence needs the server and is disabled in the copy.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+from .api import DEFAULT_SOURCE, DEFAULT_TARGET, SWAP_PAIR, LabAPI
+from .server import STATIC_DIR
+
+MASKS = ("none", "causal", "padding")
+OFFLINE_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+               "img-src data:; base-uri 'none'; form-action 'none'")
+
+
+def with_toggles(spec: dict, disabled: tuple[int, ...], norm: str, scale: bool, mask: str) -> dict:
+    """The spec the page sends for a set of switches (mirrors `withToggles` in app.js)."""
+    doc = json.loads(json.dumps(spec))
+    doc["scale"] = scale
+    if doc["kind"] != "attention":
+        doc["norm"] = norm
+        if disabled:
+            doc["disabled_heads"] = sorted(disabled)
+        else:
+            doc.pop("disabled_heads", None)
+    n = len(doc["k"]) if doc["kind"] == "attention" else len(doc["x"])
+    if mask in ("none", "causal"):
+        doc["mask"] = mask
+        doc.pop("key_padding", None)
+    elif mask == "padding":
+        doc["mask"] = "none"
+        doc["key_padding"] = [i == n - 1 for i in range(n)]
+    return doc
+
+
+def variant_key(disabled: tuple[int, ...], norm: str, scale: bool, mask: str) -> str:
+    """Same key as `variantKey` in app.js: "0,1|post|1|none"."""
+    return f"{','.join(str(h) for h in sorted(disabled))}|{norm}|{1 if scale else 0}|{mask}"
+
+
+def block_variants(api: LabAPI, spec: dict) -> dict[str, dict]:
+    """Every switch combination of one spec, run through /api/trace's function."""
+    heads = 0 if spec["kind"] == "attention" else len(spec["self_attention"]["heads"])
+    if heads <= 4:
+        subsets = [c for r in range(heads + 1) for c in itertools.combinations(range(heads), r)]
+    else:
+        subsets = [(), *((h,) for h in range(heads))]
+    norms = ("post", "pre") if heads else ("post",)
+    out = {}
+    for disabled, norm, scale, mask in itertools.product(subsets, norms, (True, False), MASKS):
+        out[variant_key(disabled, norm, scale, mask)] = api.trace(with_toggles(spec, disabled, norm, scale, mask))
+    return out
+
+
+def swapped_source(units: list[str]) -> str | None:
+    """The source with the two units of SWAP_PAIR exchanged, joined by ／ (as the page builds it)."""
+    a, b = SWAP_PAIR
+    if a not in units or b not in units:
+        return None
+    i, j = units.index(a), units.index(b)
+    swapped = list(units)
+    swapped[i], swapped[j] = b, a
+    return "／".join(swapped)
+
+
+def export_data(api: LabAPI) -> dict:
+    """Everything the four views show, computed once."""
+    block = api.block()
+    sentence = {}
+    for positions in (True, False):
+        flag = 1 if positions else 0
+        original = api.sentence({"source": DEFAULT_SOURCE, "target": DEFAULT_TARGET, "positions": positions})
+        sentence[f"{flag}|0"] = original
+        swapped = swapped_source(original["source"])
+        if swapped is not None:
+            sentence[f"{flag}|1"] = api.sentence({"source": swapped, "target": DEFAULT_TARGET,
+                                                   "positions": positions})
+    return {
+        "info": api.info(),
+        "block": block,
+        "block_variants": {"block": block_variants(api, block["spec"]),
+                           "exercise": block_variants(api, block["exercise"])},
+        "sentence": sentence,
+        "masks": api.masks(),
+        "verify": api.verify(),
+    }
+
+
+def _script_safe(text: str, what: str) -> str:
+    if "</script" in text.lower() or "</style" in text.lower():
+        raise ValueError(f"{what} contains a closing tag and cannot be inlined")
+    return text
+
+
+def build_html(api: LabAPI, static_dir: str | Path = STATIC_DIR) -> str:
+    """The page with its CSS, i18n data, app and embedded data inlined (no external request at all)."""
+    static = Path(static_dir)
+    page = (static / "index.html").read_text(encoding="utf-8")
+    css = _script_safe((static / "style.css").read_text(encoding="utf-8"), "style.css")
+    i18n = _script_safe((static / "i18n.js").read_text(encoding="utf-8"), "i18n.js")
+    app = _script_safe((static / "app.js").read_text(encoding="utf-8"), "app.js")
+    data = json.dumps(export_data(api), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    data = data.replace("</", "<\\/").replace("<!--", "<\\!--")
+    pieces = {
+        '<meta charset="utf-8">':
+            f'<meta charset="utf-8">\n<meta http-equiv="Content-Security-Policy" content="{OFFLINE_CSP}">',
+        '<link rel="stylesheet" href="style.css">': f"<style>\n{css}\n</style>",
+        '<script src="i18n.js" defer></script>': f"<script>\n{i18n}\n</script>",
+        '<script src="app.js" defer></script>':
+            f"<script>window.LAB_EMBED = {data};</script>\n<script>\n{app}\n</script>",
+    }
+    for old, new in pieces.items():
+        if old not in page:
+            raise ValueError(f"index.html no longer contains {old!r}; the export cannot inline it")
+        page = page.replace(old, new)
+    return page
+
+
+def write_export(api: LabAPI, path: str | Path) -> int:
+    """Write the offline page to `path`; returns its size in bytes."""
+    html = build_html(api).encode("utf-8")
+    Path(path).write_bytes(html)
+    return len(html)
