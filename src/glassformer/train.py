@@ -1,0 +1,7 @@
+"""`python -m glassformer.train`: the training entry point torchrun can launch (same options as
+`glassformer train`)."""
+
+if __name__ == "__main__":
+    from glassformer.translation.train import main
+
+    main()

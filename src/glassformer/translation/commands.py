@@ -1,0 +1,184 @@
+"""The translator's sub-commands: train, translate, evaluate, explain (argument parsers and runners).
+
+Heavy modules are imported inside the runners, so building the CLI parser stays cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from ..errors import UsageError
+
+DEFAULT_MODEL = "runs/default"
+MODEL_ENV = "GLASSFORMER_MODEL"
+
+
+def default_model_dir() -> Path:
+    """$GLASSFORMER_MODEL if set, else runs/default (the folder `make demo` trains)."""
+    return Path(os.environ.get(MODEL_ENV) or DEFAULT_MODEL)
+
+
+def _model_dir(args) -> Path:
+    folder = Path(args.model) if args.model else default_model_dir()
+    if not folder.exists():
+        where = "--model" if args.model else (f"${MODEL_ENV}" if os.environ.get(MODEL_ENV) else "default")
+        raise UsageError(f"no trained model at {folder} ({where}); train one with `make demo` "
+                         "or `glassformer train --out DIR`")
+    return folder
+
+
+def _add_model(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", metavar="DIR",
+                        help=f"trained model folder (default ${MODEL_ENV} or {DEFAULT_MODEL})")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
+
+
+def _device(name: str) -> str:
+    from .train import pick_device
+
+    return str(pick_device(name))
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+# ---- train ---------------------------------------------------------------------------------
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    from_recipe = "(default: from the preset)"
+    parser.add_argument("--preset", default="default",
+                        help="recipe: default (the demo model), anchor, tiny (tests)")
+    parser.add_argument("--out", metavar="DIR", help="run folder (default runs/PRESET)")
+    parser.add_argument("--epochs", type=_positive, help=f"epochs {from_recipe}")
+    parser.add_argument("--max-steps", type=_positive, help="stop after this many optimizer steps in total")
+    parser.add_argument("--max-tokens", type=_positive, help=f"padded tokens per batch per rank {from_recipe}")
+    parser.add_argument("--accumulate", type=_positive, help="batches per optimizer step per rank (default 1)")
+    parser.add_argument("--lr-factor", type=float, help=f"Noam schedule factor {from_recipe}")
+    parser.add_argument("--warmup", type=_positive, help=f"Noam warm-up steps {from_recipe}")
+    parser.add_argument("--label-smoothing", type=float, help=f"label smoothing {from_recipe} (0.1)")
+    parser.add_argument("--dropout", type=float, help=f"dropout {from_recipe}")
+    parser.add_argument("--d-model", type=_positive, help=f"model width d {from_recipe}")
+    parser.add_argument("--d-ff", type=_positive, help=f"FeedForward inner width {from_recipe}")
+    parser.add_argument("--heads", type=_positive, help=f"attention heads {from_recipe}")
+    parser.add_argument("--layers", type=_positive, help=f"encoder and decoder layers each {from_recipe}")
+    parser.add_argument("--norm", choices=("post", "pre"), help=f"LayerNorm placement {from_recipe}")
+    parser.add_argument("--bpe-vocab", type=_positive, help=f"target BPE vocabulary size {from_recipe}")
+    parser.add_argument("--glosses", action=argparse.BooleanOptionalAction, default=None,
+                        help=f"add the train split's word glosses as word-level pairs {from_recipe}")
+    parser.add_argument("--char-fallback", action=argparse.BooleanOptionalAction, default=None,
+                        help=f"characters as source units too: unknown words read as characters {from_recipe}")
+    parser.add_argument("--source-units", choices=("raw", "gold"),
+                        help=f"train on the raw-text segmentation or the corpus's {from_recipe}")
+    parser.add_argument("--average", type=_positive,
+                        help=f"average the last K epoch checkpoints at the end {from_recipe}")
+    parser.add_argument("--seed", type=int, help="random seed (default 1)")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --out where it stopped")
+    parser.add_argument("--keep", type=int, help="step checkpoints to keep (default 3)")
+    parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu or cuda")
+    parser.add_argument("--threads", type=_positive,
+                        help="CPU threads per process (default 2, split between DDP ranks)")
+    parser.add_argument("--limit", type=_positive, help="use only the first N training pairs (tests)")
+    parser.add_argument("--log-every", type=_positive, help="steps between metrics.jsonl lines (default 10)")
+    parser.add_argument("--no-eval", action="store_true", help="skip the dev BLEU after each epoch")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def train_command(args) -> int:
+    from .train import train
+
+    return train(args)
+
+
+# ---- translate -----------------------------------------------------------------------------
+def add_translate_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_model(parser)
+    parser.add_argument("--beam", type=_positive, default=1, help="beam size (default 1 = greedy)")
+    parser.add_argument("--alpha", type=float, help="beam length penalty: score / len^alpha")
+    parser.add_argument("--verbose", action="store_true", help="show units and unknown units on stderr")
+    parser.add_argument("--truncate", action="store_true", help="cut input over the model's length limit")
+    parser.add_argument("--batch-size", type=_positive, default=64, help="sentences per batch (default 64)")
+    parser.add_argument("text", nargs="*", help="Chinese sentences (default: one per line on stdin)")
+
+
+def translate_command(args) -> int:
+    from .decode import DEFAULT_ALPHA, Translator
+
+    translator = Translator.load(_model_dir(args), _device(args.device))
+    translator.batch_size = args.batch_size
+    alpha = DEFAULT_ALPHA if args.alpha is None else args.alpha
+    lines = list(args.text) if args.text else [line.rstrip("\r\n") for line in sys.stdin]
+    encodings = translator.analyse(lines)
+    if args.verbose:
+        for n, enc in enumerate(encodings, start=1):
+            unknown = f"  unknown: {' '.join(enc.unknown)}" if enc.unknown else ""
+            print(f"[{n}] {'／'.join(enc.units)}{unknown}", file=sys.stderr)
+    ids = translator.check_lengths(encodings, truncate=args.truncate)
+    hyps = translator.translate_ids(ids, beam=args.beam, alpha=alpha)
+    for src, hyp in zip(ids, hyps, strict=True):
+        print(translator.detokenize(hyp) if src else "")
+    return 0
+
+
+# ---- evaluate ------------------------------------------------------------------------------
+def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_model(parser)
+    parser.add_argument("--split", choices=("dev", "test"), default="test", help="corpus split (default test)")
+    parser.add_argument("--input", choices=("raw", "gold"), default="raw",
+                        help="raw: segment the Chinese like user input (default); gold: corpus segmentation")
+    parser.add_argument("--beam", type=_positive, default=1, help="beam size (default 1 = greedy)")
+    parser.add_argument("--alpha", type=float, help="beam length penalty: score / len^alpha")
+    parser.add_argument("--json", action="store_true", help="print the scores as JSON")
+    parser.add_argument("--show", type=int, default=0, metavar="N", help="also print N example translations")
+
+
+def evaluate_command(args) -> int:
+    from .corpus import load_corpus
+    from .decode import DEFAULT_ALPHA, Translator
+    from .evaluate import evaluate_pairs
+
+    folder = _model_dir(args)
+    translator = Translator.load(folder, _device(args.device))
+    pairs = load_corpus().split(args.split)
+    alpha = DEFAULT_ALPHA if args.alpha is None else args.alpha
+    result = evaluate_pairs(translator, pairs, args.input, args.beam, alpha)
+    if args.json:
+        print(json.dumps({"model": str(folder), "split": args.split, "input": args.input, "beam": args.beam,
+                          "alpha": alpha, **result.to_dict()}, ensure_ascii=False))
+    else:
+        print(f"{args.split} ({result.sentences} sentences, input {args.input}, beam {args.beam}): "
+              f"BLEU {result.bleu:.2f}  chrF {result.chrf:.2f}")
+        print(f"  {result.bleu_signature}")
+        print(f"  {result.chrf_signature}")
+    for pair, hyp in list(zip(pairs, result.hypotheses, strict=True))[: max(args.show, 0)]:
+        print(f"  {pair.zh}\n    ref: {pair.en}\n    out: {hyp}")
+    return 0
+
+
+# ---- explain -------------------------------------------------------------------------------
+def add_explain_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("sentence", help="one Chinese sentence")
+    parser.add_argument("--target", help="English to teacher-force (default: the model's own greedy output)")
+    _add_model(parser)
+    parser.add_argument("--all-layers", action="store_true", help="cross-attention of every decoder layer")
+    parser.add_argument("--top", type=_positive, default=5, help="next-token candidates per row (default 5)")
+    parser.add_argument("--json", action="store_true", help="print the walk as JSON")
+
+
+def explain_command(args) -> int:
+    from .decode import Translator
+    from .explain import explain, render
+
+    translator = Translator.load(_model_dir(args), _device(args.device))
+    walk = explain(translator, args.sentence, target=args.target, all_layers=args.all_layers, top=args.top)
+    print(json.dumps(walk, ensure_ascii=False, indent=1) if args.json else render(walk))
+    return 0

@@ -1,0 +1,103 @@
+"""Training: the Noam schedule, resume continues the same loss trajectory, DDP equals one process with
+the same global batch, Ctrl-C leaves a loadable checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from glassformer.translation.checkpoint import load_translator_parts, read_json
+from glassformer.translation.commands import add_train_arguments
+from glassformer.translation.train import noam_lr, train
+
+TINY = ["--preset", "tiny", "--limit", "48", "--max-tokens", "128", "--no-eval", "--quiet", "--log-every", "1",
+        "--threads", "1"]
+
+
+def _args(out: Path, *extra: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    return parser.parse_args([*TINY, "--out", str(out), *extra])
+
+
+def _losses(out: Path) -> dict[int, float]:
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in lines if r["kind"] == "step"}
+
+
+def _env() -> dict[str, str]:
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    return {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def test_noam_schedule_rises_then_decays():
+    d, warmup, factor = 64, 100, 2.0
+    peak = factor * d ** -0.5 * warmup ** -0.5
+    assert noam_lr(warmup, d, factor, warmup) == pytest.approx(peak)
+    assert noam_lr(50, d, factor, warmup) == pytest.approx(peak / 2)            # linear warm-up
+    assert noam_lr(400, d, factor, warmup) == pytest.approx(peak / 2)           # 1/sqrt(step) decay
+    assert max(range(1, 1000), key=lambda s: noam_lr(s, d, factor, warmup)) == warmup
+
+
+def test_resume_continues_the_same_loss_trajectory(tmp_path):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    common = ("--epochs", "4", "--dropout", "0.1", "--seed", "3")
+    assert train(_args(straight, *common, "--max-steps", "12")) == 0
+    assert train(_args(split, *common, "--max-steps", "7")) == 0
+    assert read_json(split / "state.json")["step"] == 7
+    assert train(_args(split, "--resume", "--max-steps", "12")) == 0
+    a, b = _losses(straight), _losses(split)
+    assert sorted(a) == sorted(b) == list(range(1, 13))
+    for step in range(8, 13):
+        assert b[step] == pytest.approx(a[step], abs=1e-6), step
+    assert len({round(a[s], 6) for s in a}) > 6                                   # the loss really moves
+    assert read_json(split / "state.json")["position"] == read_json(straight / "state.json")["position"]
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
+    single, ddp = tmp_path / "single", tmp_path / "ddp"
+    common = ["--epochs", "2", "--max-steps", "6", "--seed", "5"]
+    assert train(_args(single, *common, "--accumulate", "2")) == 0
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "glassformer.train", *TINY, "--out", str(ddp), *common, "--device", "cpu"]
+    run = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    a, b = _losses(single), _losses(ddp)
+    assert sorted(a) == sorted(b) == list(range(1, 7))
+    for step in a:
+        assert b[step] == pytest.approx(a[step], rel=1e-5, abs=1e-5), step
+    model, *_ = load_translator_parts(ddp)
+    ref, *_ = load_translator_parts(single)
+    for x, y in zip(model.parameters(), ref.parameters(), strict=True):
+        assert (x - y).abs().max().item() < 1e-4
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_a_loadable_checkpoint_and_exits_cleanly(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "glassformer.train", *TINY, "--out", str(out), "--epochs", "1000"]
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        metrics = out / "metrics.jsonl"
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode in (0, 130), err[-2000:]
+    assert "Traceback" not in err
+    assert "interrupted" in err
+    state = read_json(out / "state.json")
+    assert state["step"] >= 3
+    model, source, target, _ = load_translator_parts(out)
+    assert model.cfg.d_model == 32 and source.vocab_size > 4 and target.vocab_size > 4
