@@ -13,7 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .linear import linear
 from .masks import as_attention_mask, causal_mask, combine
+from .packing import Rows
 from .positions import RelativePositionBias, RotaryEmbedding
 from .trace import Trace, join
 
@@ -111,50 +113,58 @@ class MultiHeadAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, self.heads, width).transpose(1, 2)              # (batch, heads, len, width)
 
-    def project_q(self, x: Tensor) -> Tensor:
+    def project_q(self, x: Tensor, rows: Rows | None = None) -> Tensor:
+        """Q per head (batch, heads, len, d_k); x packed as (n, d) when `rows` says where its rows sit."""
         n = self.heads * self.d_k
-        b = self.in_proj.bias[:n] if self.in_proj.bias is not None else None
-        return self._split_heads(F.linear(x, self.in_proj.weight[:n], b), self.d_k)
+        q = linear(x, self.in_proj.weight, self.in_proj.bias, slice(0, n))
+        return self._split_heads(q if rows is None else rows.unpack(q), self.d_k)
 
-    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+    def project_kv(self, x: Tensor, rows: Rows | None = None) -> tuple[Tensor, Tensor]:
         n = self.heads * self.d_k
-        b = self.in_proj.bias[n:] if self.in_proj.bias is not None else None
-        kv = F.linear(x, self.in_proj.weight[n:], b)                         # (batch, len, H*(d_k+d_v))
+        kv = linear(x, self.in_proj.weight, self.in_proj.bias, slice(n, None))  # (batch, len, H*(d_k+d_v))
+        if rows is not None:
+            kv = rows.unpack(kv)                                             # (n, .) -> (batch, len, .)
         k, v = kv.split((n, self.heads * self.d_v), dim=-1)
         return self._split_heads(k, self.d_k), self._split_heads(v, self.d_v)
 
-    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def project_qkv(self, x: Tensor, rows: Rows | None = None) -> tuple[Tensor, Tensor, Tensor]:
         n = self.heads * self.d_k
-        qkv = F.linear(x, self.in_proj.weight, self.in_proj.bias)            # (batch, len, H*(2d_k+d_v))
+        qkv = linear(x, self.in_proj.weight, self.in_proj.bias)              # (batch, len, H*(2d_k+d_v))
+        if rows is not None:
+            qkv = rows.unpack(qkv)                                           # (n, .) -> (batch, len, .)
         q, k, v = qkv.split((n, n, self.heads * self.d_v), dim=-1)
         return self._split_heads(q, self.d_k), self._split_heads(k, self.d_k), self._split_heads(v, self.d_v)
 
     # ---- forward -------------------------------------------------------------------------
     def forward(self, x: Tensor, memory: Tensor | None = None, mask: Tensor | None = None, *,
                 causal: bool = False, cache: KVCache | None = None, trace: Trace | None = None,
-                prefix: str = "") -> Tensor:
+                prefix: str = "", rows: Rows | None = None, memory_rows: Rows | None = None) -> Tensor:
         """x: (batch, query, d) queries. memory: (batch, key, d) for cross-attention, None for self.
 
         mask: boolean, broadcastable to (batch, heads, query, key), True = may attend.
         causal: add the triangle, aligned to the cache (query i is position offset + i).
         cache: KVCache to extend (self) or to fill once and reuse (cross).
+        rows / memory_rows: x / memory come packed, (n, d) real rows only (training); so does the output.
         """
         offset = 0
         if memory is None:                                                   # self-attention
-            q, k, v = self.project_qkv(x)                                    # (batch, heads, len, d_k|d_v)
+            q, k, v = self.project_qkv(x, rows)                              # (batch, heads, len, d_k|d_v)
             if cache is not None:
                 offset = cache.length
-            q_pos = torch.arange(offset, offset + x.size(1), device=x.device)
+            q_pos = None                                                     # positions, only if used
+            if self.rope is not None or self.relative is not None:
+                q_pos = torch.arange(offset, offset + q.size(2), device=x.device)
             if self.rope is not None:
                 q, k = self.rope(q, q_pos), self.rope(k, q_pos)
             if cache is not None:
                 k, v = cache.append(k, v)                                    # (batch, heads, offset+len, d)
         else:                                                                # cross-attention
-            q = self.project_q(x)
+            q = self.project_q(x, rows)
             if cache is not None and cache.ready:
                 k, v = cache.get()
             else:
-                k, v = self.project_kv(memory)
+                k, v = (self.project_kv(memory) if memory_rows is None
+                        else self.project_kv(memory, memory_rows))
                 if cache is not None:
                     cache.set_static(k, v)
             q_pos = None
@@ -183,9 +193,11 @@ class MultiHeadAttention(nn.Module):
             keep = torch.ones(self.heads, 1, 1, dtype=heads_out.dtype, device=heads_out.device)
             keep[sorted(self.disabled_heads)] = 0.0
             heads_out = heads_out * keep                                     # a switched-off head adds zeros
-        b = x.size(0)
+        b = q.size(0)
         concat = heads_out.transpose(1, 2).reshape(b, n_q, self.heads * self.d_v)  # (batch, query, H*d_v)
-        out = self.out_proj(concat)                                          # (batch, query, d)
+        if rows is not None:
+            concat = rows.pack(concat)                                       # (n, H*d_v): real rows only
+        out = linear(concat, self.out_proj.weight, self.out_proj.bias)       # (batch, query, d)
         if trace is not None:
             trace.record(join(prefix, "concat"), concat)
             trace.record(join(prefix, "output"), out)

@@ -9,6 +9,8 @@ from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
 from .config import ModelConfig
+from .linear import linear
+from .packing import Rows
 from .positions import RelativePositionBias, RotaryEmbedding
 from .trace import Trace, join
 
@@ -24,8 +26,8 @@ class FeedForward(nn.Module):
         nn.init.xavier_uniform_(self.w_2.weight)
 
     def forward(self, x: Tensor, trace: Trace | None = None, prefix: str = "") -> Tensor:
-        hidden = F.relu(self.w_1(x))                                         # (batch, len, d_ff)
-        out = self.w_2(hidden)                                               # (batch, len, d)
+        hidden = F.relu(linear(x, self.w_1.weight, self.w_1.bias))           # (batch, len, d_ff)
+        out = linear(hidden, self.w_2.weight, self.w_2.bias)                 # (batch, len, d)
         if trace is not None:
             trace.record(join(prefix, "hidden"), hidden)
             trace.record(join(prefix, "output"), out)
@@ -80,11 +82,12 @@ class EncoderLayer(nn.Module):
             ResidualNorm(cfg.d_model, cfg.eps, cfg.norm, cfg.dropout) for _ in range(2))
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, causal: bool = False,
-                trace: Trace | None = None, prefix: str = "") -> Tensor:
-        """x: (batch, src, d); mask True = may attend (key padding, or any visibility table)."""
+                trace: Trace | None = None, prefix: str = "", rows: Rows | None = None) -> Tensor:
+        """x: (batch, src, d), or (n, d) real rows with `rows`; mask True = may attend (key padding, or any
+        visibility table)."""
         sa = join(prefix, "self_attention")
         x = self.sublayer[0](
-            x, lambda h: self.self_attention(h, mask=mask, causal=causal, trace=trace, prefix=sa),
+            x, lambda h: self.self_attention(h, mask=mask, causal=causal, trace=trace, prefix=sa, rows=rows),
             trace, join(prefix, "sublayer.0"))
         x = self.sublayer[1](x, lambda h: self.ffn(h, trace, join(prefix, "ffn")), trace,
                              join(prefix, "sublayer.1"))
@@ -122,12 +125,15 @@ class DecoderLayer(nn.Module):
 
     def forward(self, y: Tensor, memory: Tensor | None = None, self_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, *, causal: bool = True, cache: LayerCache | None = None,
-                trace: Trace | None = None, prefix: str = "") -> Tensor:
-        """y: (batch, tgt, d); memory: (batch, src, d); masks True = may attend."""
+                trace: Trace | None = None, prefix: str = "", rows: Rows | None = None,
+                memory_rows: Rows | None = None) -> Tensor:
+        """y: (batch, tgt, d); memory: (batch, src, d); masks True = may attend.
+
+        rows / memory_rows: y / memory come packed as real rows only, (n, d) (training)."""
         self_cache = cache.self if cache is not None else None
         y = self.sublayer[0](
             y, lambda h: self.self_attention(h, mask=self_mask, causal=causal, cache=self_cache, trace=trace,
-                                             prefix=join(prefix, "self_attention")),
+                                             prefix=join(prefix, "self_attention"), rows=rows),
             trace, join(prefix, "sublayer.0"))
         s = 1
         if self.cross_attention is not None:
@@ -136,7 +142,8 @@ class DecoderLayer(nn.Module):
             cross_cache = cache.cross if cache is not None else None
             y = self.sublayer[1](
                 y, lambda h: self.cross_attention(h, memory, mask=memory_mask, cache=cross_cache, trace=trace,
-                                                  prefix=join(prefix, "cross_attention")),
+                                                  prefix=join(prefix, "cross_attention"), rows=rows,
+                                                  memory_rows=memory_rows),
                 trace, join(prefix, "sublayer.1"))
             s = 2
         y = self.sublayer[s](y, lambda h: self.ffn(h, trace, join(prefix, "ffn")), trace,

@@ -11,7 +11,9 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 from .layers import DecoderLayer, EncoderLayer, LayerCache
+from .linear import linear
 from .masks import padding_mask
+from .packing import Rows
 from .positions import LearnedPositions, sinusoidal_positions
 from .trace import Trace, child, join
 
@@ -41,20 +43,41 @@ class Embeddings(nn.Module):
             self._tables[key] = table.to(device=device, dtype=dtype)
         return self._tables[key]
 
-    def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
-        """ids: (batch, len) -> (batch, len, d); `offset` = absolute position of the first row."""
+    def forward(self, ids: Tensor, offset: int = 0, rows: Rows | None = None) -> Tensor:
+        """ids: (batch, len) -> (batch, len, d); `offset` = absolute position of the first row.
+
+        With `rows`, only the kept cells are embedded: (n, d), packed (see packing.py).
+        """
         n = ids.size(1)
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.token.num_embeddings):
-            raise ValueError(f"token id out of range [0, {self.token.num_embeddings}): "
-                             f"min {int(ids.min())}, max {int(ids.max())}")
         if offset + n > self.cfg.max_len and self.cfg.positions in ("sinusoidal", "learned"):
             raise ValueError(f"sequence length {offset + n} exceeds max_len {self.cfg.max_len}")
-        x = self.token(ids) * self.scale                                     # (batch, len, d)
-        if self.sinusoidal:
-            x = x + self.position_table(x.dtype, x.device)[offset: offset + n]
-        elif self.learned is not None:
-            x = x + self.learned(torch.arange(offset, offset + n, device=ids.device))
+        x = self._lookup(ids if rows is None else rows.select(ids))         # (batch, len, d) | (n, d)
+        if self.sinusoidal:                                                  # one fused op: PE + sqrt(d) x
+            table = self.position_table(x.dtype, x.device)
+            table = (table[offset: offset + n] if rows is None
+                     else table.index_select(0, rows.positions + offset))
+            return self.dropout(torch.add(table, x, alpha=self.scale))
+        x = x * self.scale
+        if self.learned is not None:
+            positions = torch.arange(n, device=ids.device) if rows is None else rows.positions
+            x = x + self.learned(positions + offset)
         return self.dropout(x)
+
+    def _lookup(self, ids: Tensor) -> Tensor:
+        """Embedding rows of `ids`; an id outside [0, vocab) is a ValueError naming the range.
+
+        On the CPU the lookup bounds-checks by itself, so the hot path adds no reduction or host sync;
+        on other devices (where a bad id would only trip a device assert) the ids are checked first.
+        """
+        vocab = self.token.num_embeddings
+        if ids.device.type == "cpu":
+            try:
+                return self.token(ids)
+            except IndexError:
+                pass
+        elif not ids.numel() or (int(ids.min()) >= 0 and int(ids.max()) < vocab):
+            return self.token(ids)
+        raise ValueError(f"token id out of range [0, {vocab}): min {int(ids.min())}, max {int(ids.max())}")
 
 
 class Encoder(nn.Module):
@@ -66,13 +89,15 @@ class Encoder(nn.Module):
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.eps) if cfg.use_final_norm else None
 
     def forward(self, x: Tensor, src_pad: Tensor | None = None, *, mask: Tensor | None = None,
-                trace: Trace | None = None, prefix: str = "encoder") -> Tensor:
-        """x: (batch, src, d); src_pad: (batch, src) True = PAD. Returns H: (batch, src, d)."""
+                trace: Trace | None = None, prefix: str = "encoder", rows: Rows | None = None) -> Tensor:
+        """x: (batch, src, d); src_pad: (batch, src) True = PAD. Returns H: (batch, src, d).
+
+        With `rows`, x and H are packed real rows (n, d)."""
         if mask is None and src_pad is not None:
             mask = padding_mask(src_pad)                                     # (batch, 1, 1, src)
         for i, layer in enumerate(self.layers):
             name = join(prefix, str(i))
-            x = layer(x, mask, trace=child(trace, name), prefix=name)
+            x = layer(x, mask, trace=child(trace, name), prefix=name, rows=rows)
         if self.norm is not None:
             x = self.norm(x)
         if trace is not None:
@@ -90,15 +115,19 @@ class Decoder(nn.Module):
 
     def forward(self, y: Tensor, memory: Tensor | None = None, src_pad: Tensor | None = None,
                 tgt_pad: Tensor | None = None, *, cache: list[LayerCache] | None = None,
-                trace: Trace | None = None, prefix: str = "decoder") -> Tensor:
+                trace: Trace | None = None, prefix: str = "decoder", rows: Rows | None = None,
+                memory_rows: Rows | None = None) -> Tensor:
         """y: (batch, tgt, d). tgt_pad is optional: right padding is already hidden from every real
-        row by the triangle, so training may skip it (the padded rows are excluded from the loss)."""
+        row by the triangle, so training may skip it (the padded rows are excluded from the loss).
+
+        With `rows` / `memory_rows`, y and memory are packed real rows (n, d), and so is the output."""
         self_mask = padding_mask(tgt_pad) if tgt_pad is not None else None  # (batch, 1, 1, tgt)
         memory_mask = padding_mask(src_pad) if src_pad is not None else None  # no triangle on cross
         for i, layer in enumerate(self.layers):
             name = join(prefix, str(i))
             y = layer(y, memory, self_mask, memory_mask, causal=True,
-                      cache=cache[i] if cache is not None else None, trace=child(trace, name), prefix=name)
+                      cache=cache[i] if cache is not None else None, trace=child(trace, name), prefix=name,
+                      rows=rows, memory_rows=memory_rows)
         if self.norm is not None:
             y = self.norm(y)
         if trace is not None:
@@ -166,7 +195,7 @@ class Transformer(nn.Module):
                             trace=child(trace, "decoder"))
 
     def logits(self, hidden: Tensor) -> Tensor:
-        return self.generator(hidden)                                        # (..., tgt_vocab)
+        return linear(hidden, self.generator.weight)                         # (..., tgt_vocab)
 
     # ---- whole passes --------------------------------------------------------------------
     def forward(self, src: Tensor, tgt_in: Tensor, src_pad: Tensor | None = None,
@@ -180,17 +209,28 @@ class Transformer(nn.Module):
         return logits
 
     def loss(self, src: Tensor, tgt_in: Tensor, labels: Tensor, label_smoothing: float = 0.0,
-             src_pad: Tensor | None = None) -> tuple[Tensor, int]:
+             src_pad: Tensor | None = None, packed: bool = True) -> tuple[Tensor, int]:
         """Summed label-smoothed cross-entropy over non-PAD labels, and their count.
 
-        Only rows with a real label reach the vocabulary head: no logits are computed at PAD.
+        Only rows with a real label reach the vocabulary head: no logits are computed at PAD. With
+        `packed` (default) no PAD row is computed anywhere: source rows that are not PAD, and target rows
+        up to each sentence's last real label, go through the stacks packed (packing.py). Same loss.
         """
         src_pad = self.source_padding(src) if src_pad is None else src_pad
-        memory = self.encode(src, src_pad)
-        hidden = self.decode(tgt_in, memory, src_pad)                        # (batch, tgt, d)
         keep = labels != self.cfg.pad_id                                     # (batch, tgt)
-        rows = hidden[keep]                                                  # (n_real, d)
-        return _label_smoothed_nll(self.logits(rows), labels[keep], label_smoothing), int(keep.sum())
+        if not packed:
+            memory = self.encode(src, src_pad)
+            hidden = self.decode(tgt_in, memory, src_pad)                    # (batch, tgt, d)
+            rows = hidden[keep]                                              # (n_real, d)
+            return _label_smoothed_nll(self.logits(rows), labels[keep], label_smoothing), int(keep.sum())
+        src_rows = Rows(~src_pad)
+        tgt_rows = Rows(keep.flip(1).cumsum(1).flip(1) > 0)                 # rows a real label looks back on
+        memory = self.encoder(self.src_embed(src, rows=src_rows), src_pad, rows=src_rows)       # (n_src, d)
+        hidden = self.decoder(self.tgt_embed(tgt_in, rows=tgt_rows), memory, src_pad,
+                              rows=tgt_rows, memory_rows=src_rows)          # (n_tgt, d)
+        real = tgt_rows.select(keep)                                         # (n_tgt,)
+        logits = self.logits(hidden[real])                                   # (n_real, tgt_vocab)
+        return _label_smoothed_nll(logits, tgt_rows.select(labels)[real], label_smoothing), int(keep.sum())
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache(self.cfg.decoder_layers)
