@@ -8,7 +8,7 @@ GF := $(VENV)/bin/glassformer
 STAMP := $(VENV)/.installed
 MODEL ?= runs/default
 
-.PHONY: demo test lint bench bench-quick venv clean
+.PHONY: demo test lint bench bench-quick bench-gpu venv clean
 
 venv: $(STAMP)
 
@@ -44,6 +44,10 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[test,bench]"
 	$(PY) -m benchmarks.run --quick
+
+bench-gpu: $(STAMP)
+	$(PY) -m pip install --quiet -e ".[test,bench]"
+	$(PY) -m benchmarks.gpu
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

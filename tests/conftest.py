@@ -1,10 +1,15 @@
 """Shared fixtures: deterministic seeds and small thread counts for a 2-core machine."""
 
-import random
+import os
 
-import numpy as np
-import pytest
-import torch
+# Idle OpenMP threads sleep instead of spinning: on a busy 2-core machine spinning threads stall each other.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import random  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 torch.set_num_threads(2)
 
