@@ -224,10 +224,11 @@ def test_inference_linear_equals_f_linear(shape, cut):
     assert wide_columns(w) is None                                       # training: autograd's F.linear
 
 
-def test_cached_transpose_follows_weight_updates():
+@pytest.mark.parametrize("rows", [2, 8])                                 # 8 rows take the pre-blocked path
+def test_cached_weights_follow_weight_updates(rows):
     model = Transformer(ModelConfig.tiny(src_vocab=30, tgt_vocab=30))
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    hidden = torch.randn(2, 1, 32)
+    hidden = torch.randn(rows, 1, 32)
     with torch.no_grad():
         before = model.logits(hidden)
     model.logits(torch.randn(4, 32)).sum().backward()

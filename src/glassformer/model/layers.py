@@ -47,14 +47,18 @@ class ResidualNorm(nn.Module):
         self.placement = placement
         self.dropout = nn.Dropout(dropout)
 
+    def _drop(self, x: Tensor) -> Tensor:
+        """Dropout in training; in eval it is the identity, so skip the module call (decoding steps)."""
+        return self.dropout(x) if self.training else x
+
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor], trace: Trace | None = None,
                 prefix: str = "") -> Tensor:
         if self.placement == "post":
-            residual = x + self.dropout(sublayer(x))                         # (batch, len, d)
+            residual = x + self._drop(sublayer(x))                           # (batch, len, d)
             normed = out = self.norm(residual)
         else:
             normed = self.norm(x)
-            residual = out = x + self.dropout(sublayer(normed))
+            residual = out = x + self._drop(sublayer(normed))
         if trace is not None:
             trace.record(join(prefix, "input"), x)
             trace.record(join(prefix, "residual"), residual)

@@ -4,6 +4,7 @@ encoder-only / decoder-only families built from the same layers."""
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -56,7 +57,8 @@ class Embeddings(nn.Module):
             table = self.position_table(x.dtype, x.device)
             table = (table[offset: offset + n] if rows is None
                      else table.index_select(0, rows.positions + offset))
-            return self.dropout(torch.add(table, x, alpha=self.scale))
+            x = torch.add(table, x, alpha=self.scale)
+            return self.dropout(x) if self.training else x                   # eval: skip the identity call
         x = x * self.scale
         if self.learned is not None:
             positions = torch.arange(n, device=ids.device) if rows is None else rows.positions
@@ -140,12 +142,23 @@ class DecoderCache:
 
     def __init__(self, n_layers: int) -> None:
         self.layers = [LayerCache() for _ in range(n_layers)]
+        self._source: tuple[weakref.ref, Tensor | None] | None = None  # (src_pad, what cross-attention gets)
+
+    def source_padding(self, src_pad: Tensor | None) -> Tensor | None:
+        """src_pad, or None when it flags no PAD, so cross-attention runs unmasked (no mask, no empty-row
+        check and its host sync): looked at once per src_pad tensor, not at every step and layer."""
+        if src_pad is None:
+            return None
+        if self._source is None or self._source[0]() is not src_pad:
+            self._source = (weakref.ref(src_pad), src_pad if bool(src_pad.any()) else None)
+        return self._source[1]
 
     @property
     def length(self) -> int:
         return self.layers[0].self.length if self.layers else 0
 
     def reorder(self, index: Tensor) -> None:
+        self._source = None
         for layer in self.layers:
             layer.reorder(index)
 
@@ -191,6 +204,8 @@ class Transformer(nn.Module):
         y = self.tgt_embed(tgt_in, offset=offset)
         if trace is not None:
             trace.record("decoder.embedding", y)
+        if cache is not None and trace is None:
+            src_pad = cache.source_padding(src_pad)                          # None when no source row has PAD
         return self.decoder(y, memory, src_pad, tgt_pad, cache=cache.layers if cache is not None else None,
                             trace=child(trace, "decoder"))
 
