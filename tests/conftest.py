@@ -11,12 +11,16 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(2)
+# One intra-op thread: test tensors are tiny, and on a busy 2-core machine two threads wait on each other.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
-def _seed():
+def _seed_and_one_thread():
+    """Every test starts from the same seeds and one intra-op thread (code under test may change it)."""
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
+    torch.set_num_threads(1)
     yield
+    torch.set_num_threads(1)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from glassformer.errors import UsageError
 from glassformer.translation.checkpoint import load_translator_parts, read_json
 from glassformer.translation.commands import add_train_arguments
 from glassformer.translation.train import noam_lr, train
@@ -60,6 +61,8 @@ def test_resume_continues_the_same_loss_trajectory(tmp_path):
         assert b[step] == pytest.approx(a[step], abs=1e-6), step
     assert len({round(a[s], 6) for s in a}) > 6                                   # the loss really moves
     assert read_json(split / "state.json")["position"] == read_json(straight / "state.json")["position"]
+    with pytest.raises(UsageError, match="--resume"):                            # never silently restart
+        train(_args(straight, *common))
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from glassformer.cli import main
 from glassformer.translation.commands import add_train_arguments
@@ -27,7 +28,11 @@ def model_dir(tmp_path_factory) -> Path:
     add_train_arguments(parser)
     args = parser.parse_args(["--preset", "tiny", "--limit", "120", "--epochs", "2", "--no-eval", "--quiet",
                               "--threads", "1", "--out", str(out)])
-    assert train(args) == 0
+    threads = torch.get_num_threads()
+    try:
+        assert train(args) == 0
+    finally:
+        torch.set_num_threads(threads)
     return out
 
 
@@ -91,7 +96,7 @@ def test_env_variable_picks_the_model(model_dir, tmp_path, capsys, monkeypatch):
 
 def test_subprocess_exit_status_without_traceback(model_dir):
     src = str(Path(__file__).resolve().parents[1] / "src")
-    env = {**os.environ, "PYTHONPATH": src}
+    env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-m", "glassformer.cli", "translate", "--model", str(model_dir)],
                          input="我" * (LIMIT + 1) + "\n", capture_output=True, text=True, env=env, timeout=120)
     assert run.returncode == 2 and "Traceback" not in run.stderr and f"{LIMIT}" in run.stderr

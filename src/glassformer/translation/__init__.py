@@ -1,1 +1,1 @@
-"""Chinese→English translator: corpus loading (``corpus``) and tokenizers (``tokenize``)."""
+"""The Chinese→English translator: corpus, tokenize, batching, train, checkpoint, decode, evaluate, explain."""

@@ -79,16 +79,11 @@ RECIPES: dict[str, Recipe] = {
         epochs=30, max_tokens=1024, lr_factor=0.5, warmup=400, glosses=False, source_units="gold",
         note="the plain-Transformer anchor's sizes: gold segmentation, no glosses"),
     "default": Recipe(
-        model=dict(d_model=128, heads=4, d_ff=512, encoder_layers=2, decoder_layers=2, dropout=0.1,
+        model=dict(d_model=128, heads=4, d_ff=512, encoder_layers=2, decoder_layers=2, dropout=0.3,
                    max_len=128),
-        epochs=30, max_tokens=1024, lr_factor=0.5, warmup=400, bpe_vocab=2000, glosses=True,
+        epochs=40, max_tokens=1024, lr_factor=0.5, warmup=400, bpe_vocab=2000, glosses=True,
         char_fallback=True, source_units="raw", average=5,
-        note="the demo model: about 10 minutes on 2 CPU cores"),
-    "wide": Recipe(
-        model=dict(d_model=256, heads=4, d_ff=1024, encoder_layers=2, decoder_layers=2, dropout=0.3,
-                   attention_dropout=0.1, max_len=128),
-        epochs=14, max_tokens=2048, lr_factor=0.7, warmup=300, bpe_vocab=2000, glosses=True,
-        char_fallback=True, source_units="raw", average=4, note="d 256: better per step, slower per epoch"),
+        note="the demo model: about 7 minutes on 2 idle CPU cores"),
 }
 
 
@@ -253,9 +248,8 @@ def _in_main_thread() -> bool:
 
 
 # ---- the run -------------------------------------------------------------------------------
-TRAIN_KEYS = ("preset", "epochs", "max_steps", "max_tokens", "lr_factor", "warmup", "label_smoothing",
-              "dropout", "bpe_vocab", "glosses", "source_units", "average", "seed", "limit", "accumulate")
-EXTENDABLE = ("epochs", "max_steps", "keep", "device", "log_every", "threads", "no_eval", "average")
+RECIPE_KEYS = ("epochs", "max_tokens", "lr_factor", "warmup", "label_smoothing", "bpe_vocab", "glosses",
+               "source_units", "average", "char_fallback")
 
 
 def resolve_args(args) -> dict[str, Any]:
@@ -264,8 +258,7 @@ def resolve_args(args) -> dict[str, Any]:
         raise UsageError(f"--preset must be one of {', '.join(RECIPES)}, got {args.preset!r}")
     recipe = RECIPES[args.preset]
     settings: dict[str, Any] = {"preset": args.preset, "model": dict(recipe.model)}
-    for key in ("epochs", "max_tokens", "lr_factor", "warmup", "label_smoothing", "bpe_vocab", "glosses",
-                "source_units", "average", "char_fallback"):
+    for key in RECIPE_KEYS:
         value = getattr(args, key, None)
         settings[key] = getattr(recipe, key) if value is None else value
     if getattr(args, "dropout", None) is not None:
@@ -307,9 +300,7 @@ def _check_settings(s: dict[str, Any]) -> None:
 
 
 def _recipe_of(settings: dict[str, Any]) -> Recipe:
-    return Recipe(model=settings["model"], **{k: settings[k] for k in (
-        "epochs", "max_tokens", "lr_factor", "warmup", "label_smoothing", "bpe_vocab", "glosses",
-        "source_units", "average", "char_fallback") if k in settings})
+    return Recipe(model=settings["model"], **{k: settings[k] for k in RECIPE_KEYS if k in settings})
 
 
 class Trainer:
@@ -329,6 +320,9 @@ class Trainer:
         else:
             if self.resume and self.out.exists() and any(self.out.iterdir()):
                 raise UsageError(f"--resume: {self.out} has no {CONFIG}; nothing to resume")
+            if (self.out / CONFIG).exists():
+                raise UsageError(f"{self.out} already holds a run: pass --resume to continue it, "
+                                 "or choose another --out")
             self.resume = False
             self.settings = resolve_args(args)
             vocab = None
@@ -465,6 +459,7 @@ class Trainer:
         interrupted = False
         started = time.time()
         seconds0 = self.state.get("seconds", 0.0)
+        self._cpu0, self._cpu_start = self.state.get("cpu_seconds", 0.0), time.process_time()
         window_tokens, window_time, window_loss = 0, time.time(), 0.0
         with StopFlag() as flag:
             while self.state["epoch"] < epochs:
@@ -536,7 +531,8 @@ class Trainer:
                 record.update(scores)
             self.state["seconds"] = seconds0 + time.time() - started
             record["seconds"] = round(self.state["seconds"], 1)
-            record["cpu_seconds"] = round(time.process_time(), 1)
+            self.state["cpu_seconds"] = self._cpu0 + time.process_time() - self._cpu_start
+            record["cpu_seconds"] = round(self.state["cpu_seconds"], 1)
             self.log(record)
             best = self.state.get("best_bleu")
             improved = scores is not None and (best is None or scores["dev_bleu"] > best)
@@ -614,11 +610,6 @@ def main(argv: list[str] | None = None) -> None:
         print("glassformer train: interrupted", file=sys.stderr)
         code = 130
     sys.exit(code)
-
-
-def describe_recipes() -> str:
-    """One line per preset (for --help)."""
-    return "; ".join(f"{name}: {r.note}" for name, r in RECIPES.items() if r.note)
 
 
 __all__ = ["RECIPES", "Recipe", "Trainer", "main", "noam_lr", "prepare_data", "train"]
