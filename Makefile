@@ -26,13 +26,16 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(GF) lesson
 	$(GF) verify
-	@if [ ! -f $(MODEL)/model.safetensors ]; then \
-		echo "== training the default translator into $(MODEL) (about 10 minutes on 2 CPU cores)"; \
+	@if [ -f $(MODEL)/config.json ]; then \
+		echo "== the translator in $(MODEL): finishing its training if it was interrupted"; \
+		$(GF) train --out $(MODEL) --resume; \
+	else \
+		echo "== training the default translator into $(MODEL) (about 8-10 minutes on 2 CPU cores)"; \
 		$(GF) train --preset default --out $(MODEL); \
-	else echo "== using the trained translator in $(MODEL)"; fi
-	$(GF) evaluate --model $(MODEL) --split test
+	fi
+	$(GF) evaluate --model $(MODEL) --split test --beam 4
 	$(GF) explain --model $(MODEL) "我昨天给了他一本书。" --target "I gave him a book yesterday."
-	$(GF) translate --model $(MODEL) "我昨天给了他一本书。" "他昨天给了我一本书。" "我喜欢喝茶。" "你明天去学校吗？"
+	$(GF) translate --model $(MODEL) --beam 4 "我昨天给了他一本书。" "他昨天给了我一本书。" "我喜欢喝茶。" "你明天去学校吗？"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
