@@ -139,7 +139,7 @@ def test_cross_attention_cache_is_computed_once():
     cache = KVCache(static=True)
     calls = []
     original = mha.project_kv
-    mha.project_kv = lambda m: calls.append(1) or original(m)
+    mha.project_kv = lambda *args: calls.append(1) or original(*args)
     with torch.no_grad():
         for _ in range(4):
             mha(torch.randn(2, 1, 12), memory, cache=cache)

@@ -163,8 +163,7 @@ class MultiHeadAttention(nn.Module):
             if cache is not None and cache.ready:
                 k, v = cache.get()
             else:
-                k, v = (self.project_kv(memory) if memory_rows is None
-                        else self.project_kv(memory, memory_rows))
+                k, v = self.project_kv(memory, memory_rows)
                 if cache is not None:
                     cache.set_static(k, v)
             q_pos = None
@@ -226,7 +225,7 @@ class MultiHeadAttention(nn.Module):
         visible = mask
         if visible is not None:
             scaled = scaled.masked_fill(~visible, float("-inf"))             # masked entries: -inf
-        guarded, has_key = _guard_empty_rows(visible)
+        _, has_key = _guard_empty_rows(visible)                             # rows with no visible key
         logits = scaled if has_key is None else scaled.masked_fill(~has_key, 0.0)
         weights = torch.softmax(logits, dim=-1)                              # softmax over keys
         if has_key is not None:

@@ -58,12 +58,12 @@ class Embeddings(nn.Module):
             table = (table[offset: offset + n] if rows is None
                      else table.index_select(0, rows.positions + offset))
             x = torch.add(table, x, alpha=self.scale)
-            return self.dropout(x) if self.training else x                   # eval: skip the identity call
-        x = x * self.scale
-        if self.learned is not None:
-            positions = torch.arange(n, device=ids.device) if rows is None else rows.positions
-            x = x + self.learned(positions + offset)
-        return self.dropout(x)
+        else:
+            x = x * self.scale
+            if self.learned is not None:
+                positions = torch.arange(n, device=ids.device) if rows is None else rows.positions
+                x = x + self.learned(positions + offset)
+        return self.dropout(x) if self.training else x                       # eval: skip the identity call
 
     def _lookup(self, ids: Tensor) -> Tensor:
         """Embedding rows of `ids`; an id outside [0, vocab) is a ValueError naming the range.
