@@ -247,3 +247,68 @@ def test_too_long_and_out_of_range_inputs_raise_clearly():
         m.encode(torch.ones(1, 65, dtype=torch.long))
     with pytest.raises(ValueError, match="out of range"):
         m.encode(torch.tensor([[1, 99]]))
+
+
+def _decode_both_ways(m, src, tgt):
+    """Logits of every target row: teacher-forced `decode`, and one `decode_step` per row (the step path)."""
+    with torch.no_grad():
+        memory = m.encode(src)
+        forced = m.logits(m.decode(tgt, memory, src == 0))                  # (batch, tgt, vocab)
+        cache = m.new_cache()
+        stepped = torch.cat([m.decode_step(tgt[:, i:i + 1], memory, src == 0, cache)
+                             for i in range(tgt.size(1))], 1)
+    return forced, stepped
+
+
+@pytest.mark.parametrize("positions", POSITIONS)
+@pytest.mark.parametrize("norm", ["post", "pre"])
+@pytest.mark.parametrize("path", ["fast", "glass"])
+def test_one_row_steps_equal_teacher_forcing_with_an_all_pad_source_and_a_head_off(positions, norm, path):
+    """The one-query step path: PAD keys hidden, a source of only PAD reads zeros, a switched-off head adds
+    nothing, d_k != d_v, RoPE/relative positions of the newest row, both norm placements and both paths."""
+    torch.manual_seed(0)
+    m = model(positions=positions, norm=norm, attention_path=path, d_k=6, d_v=10)
+    src, tgt = batch(b=4)
+    src[1, 4:] = 0
+    src[2, :] = 0                                                          # nothing to read at all
+    m.decoder.layers[0].cross_attention.disabled_heads = {1}
+    m.decoder.layers[1].self_attention.disabled_heads = {0}
+    forced, stepped = _decode_both_ways(m, src, tgt)
+    assert torch.isfinite(stepped).all()
+    torch.testing.assert_close(stepped, forced, atol=1e-5, rtol=1e-5)
+    m.decoder.layers[0].cross_attention.disabled_heads = set()
+    m.decoder.layers[1].self_attention.disabled_heads = set()
+    _, on = _decode_both_ways(m, src, tgt)
+    assert not torch.allclose(on, stepped, atol=1e-4)                      # the switch did act on the steps
+
+
+def test_one_row_steps_see_every_cached_row_and_only_those():
+    """Changing an earlier target token changes later steps; changing a later one cannot reach earlier ones."""
+    torch.manual_seed(0)
+    m = model()
+    src, tgt = batch()
+    changed = tgt.clone()
+    changed[:, 2] = (tgt[:, 2] + 1 - 4) % 46 + 4
+    _, a = _decode_both_ways(m, src, tgt)
+    _, b = _decode_both_ways(m, src, changed)
+    torch.testing.assert_close(a[:, :2], b[:, :2], atol=0, rtol=0)
+    assert (a[:, 2:] - b[:, 2:]).abs().amax(dim=-1).min() > 1e-4           # every later row moved
+
+
+def test_small_steps_run_on_one_thread_and_give_the_thread_count_back():
+    from glassformer.model.threads import SERIAL_MAX_ROWS, serial_if_small
+
+    seen = []
+    torch.set_num_threads(2)
+    try:
+        with serial_if_small(SERIAL_MAX_ROWS, torch.device("cpu")):
+            seen.append(torch.get_num_threads())
+        with serial_if_small(SERIAL_MAX_ROWS + 1, torch.device("cpu")):
+            seen.append(torch.get_num_threads())
+        with pytest.raises(RuntimeError):
+            with serial_if_small(1, torch.device("cpu")):
+                raise RuntimeError("inside")
+        seen.append(torch.get_num_threads())
+    finally:
+        torch.set_num_threads(1)
+    assert seen == [1, 2, 2]

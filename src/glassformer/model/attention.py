@@ -45,16 +45,18 @@ class KVCache:
                 k_buf[:, :, : self.length] = self.k[:, :, : self.length]
                 v_buf[:, :, : self.length] = self.v[:, :, : self.length]
             self.k, self.v = k_buf, v_buf
-        self.k[:, :, self.length: need] = k
-        self.v[:, :, self.length: need] = v
+        self.k.narrow(2, self.length, new).copy_(k)
+        self.v.narrow(2, self.length, new).copy_(v)
         self.length = need
-        return self.k[:, :, :need], self.v[:, :, :need]
+        return self.k.narrow(2, 0, need), self.v.narrow(2, 0, need)
 
     def set_static(self, k: Tensor, v: Tensor) -> None:
         self.k, self.v, self.length = k, v, k.size(2)
 
     def get(self) -> tuple[Tensor, Tensor]:
-        return self.k[:, :, : self.length], self.v[:, :, : self.length]
+        if self.static:                                                      # K/V hold exactly the source rows
+            return self.k, self.v
+        return self.k.narrow(2, 0, self.length), self.v.narrow(2, 0, self.length)
 
     @property
     def ready(self) -> bool:
@@ -67,7 +69,7 @@ class KVCache:
             self.v = self.v.index_select(0, index)
 
 
-def _guard_empty_rows(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+def guard_empty_rows(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
     """Rows with no visible key: let them see everything (finite softmax), return a row-keep flag.
 
     The caller multiplies weights/outputs by the flag, so such rows give zero weights and zero
@@ -189,9 +191,7 @@ class MultiHeadAttention(nn.Module):
         else:
             heads_out = self._fast(q, k, v, mask, bias, is_causal)
         if self.disabled_heads:
-            keep = torch.ones(self.heads, 1, 1, dtype=heads_out.dtype, device=heads_out.device)
-            keep[sorted(self.disabled_heads)] = 0.0
-            heads_out = heads_out * keep                                     # a switched-off head adds zeros
+            heads_out = heads_out * self._head_keep(heads_out)               # a switched-off head adds zeros
         b = q.size(0)
         concat = heads_out.transpose(1, 2).reshape(b, n_q, self.heads * self.d_v)  # (batch, query, H*d_v)
         if rows is not None:
@@ -202,9 +202,57 @@ class MultiHeadAttention(nn.Module):
             trace.record(join(prefix, "output"), out)
         return out
 
+    def step(self, x: Tensor, cache: KVCache, memory: Tensor | None = None, mask: Tensor | None = None,
+             keep: Tensor | None = None) -> Tensor:
+        """One decoding step on the fast path: x (batch, d) is the newest position of each row -> (batch, d).
+
+        The same numbers as `forward` with the cache, in fewer operations: self-attention appends its K/V
+        row and its one query sees every cached row (nothing later exists yet, so no triangle); cross-
+        attention projects memory's K/V on the first step only. mask: (batch, 1, 1, key) visibility with
+        no empty row (see `guard_empty_rows`); keep: (batch, 1, 1, 1) zero for rows that had none.
+        """
+        b, h, d_k, d_v = x.size(0), self.heads, self.d_k, self.d_v
+        in_proj, bias = self.in_proj, None
+        if memory is None:                                                   # self-attention
+            qkv = linear(x, in_proj.weight, in_proj.bias)                    # (batch, H*(2d_k+d_v))
+            if d_k == d_v:
+                q, k, v = qkv.view(b, 3, h, 1, d_k).unbind(1)                # 3 x (batch, heads, 1, d_k)
+            else:
+                q, k, v = qkv.split((h * d_k, h * d_k, h * d_v), dim=1)
+                q, k, v = q.view(b, h, 1, d_k), k.view(b, h, 1, d_k), v.view(b, h, 1, d_v)
+            if self.rope is not None or self.relative is not None:
+                pos = torch.tensor([cache.length], device=x.device)          # this row's position
+                if self.rope is not None:
+                    q, k = self.rope(q, pos), self.rope(k, pos)
+                if self.relative is not None:
+                    bias = self.relative(pos, torch.arange(cache.length + 1, device=x.device)).to(q.dtype)
+            k, v = cache.append(k, v)                                        # (batch, heads, key, d)
+        else:                                                                # cross-attention
+            q = linear(x, in_proj.weight, in_proj.bias, slice(0, h * d_k)).view(b, h, 1, d_k)
+            if not cache.ready:
+                cache.set_static(*self.project_kv(memory))
+            k, v = cache.get()                                               # (batch, heads, src, d)
+        if self.path == "glass":
+            out = self._glass(q, k, v, mask, bias, None, "")                 # (batch, heads, 1, d_v)
+        else:
+            out = self._fast(q, k, v, mask, bias, False, guarded=True)
+        if keep is not None:
+            out = out * keep
+        if self.disabled_heads:
+            out = out * self._head_keep(out)
+        out_proj = self.out_proj
+        return linear(out.reshape(b, h * d_v), out_proj.weight, out_proj.bias)   # (batch, d)
+
+    def _head_keep(self, heads_out: Tensor) -> Tensor:
+        """(heads, 1, 1): 0 for a switched-off head, 1 for the others."""
+        keep = torch.ones(self.heads, 1, 1, dtype=heads_out.dtype, device=heads_out.device)
+        keep[sorted(self.disabled_heads)] = 0.0
+        return keep
+
     def _fast(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
-              is_causal: bool) -> Tensor:
-        mask, has_key = _guard_empty_rows(mask)
+              is_causal: bool, guarded: bool = False) -> Tensor:
+        """SDPA with glassformer's mask; `guarded`: the caller already handled rows with no visible key."""
+        mask, has_key = (mask, None) if guarded else guard_empty_rows(mask)
         attn_mask = mask
         if bias is not None:
             attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
@@ -225,7 +273,7 @@ class MultiHeadAttention(nn.Module):
         visible = mask
         if visible is not None:
             scaled = scaled.masked_fill(~visible, float("-inf"))             # masked entries: -inf
-        _, has_key = _guard_empty_rows(visible)                             # rows with no visible key
+        _, has_key = guard_empty_rows(visible)                             # rows with no visible key
         logits = scaled if has_key is None else scaled.masked_fill(~has_key, 0.0)
         weights = torch.softmax(logits, dim=-1)                              # softmax over keys
         if has_key is not None:

@@ -65,6 +65,13 @@ class ResidualNorm(nn.Module):
             trace.record(join(prefix, "normed"), normed)
         return out
 
+    def step(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        """`forward` for one decoding step in eval mode (no dropout, no trace), without module-call overhead."""
+        n = self.norm
+        if self.placement == "post":
+            return F.layer_norm(x + sublayer(x), n.normalized_shape, n.weight, n.bias, n.eps)
+        return x + sublayer(F.layer_norm(x, n.normalized_shape, n.weight, n.bias, n.eps))
+
 
 def _attention(cfg: ModelConfig, self_attention: bool) -> MultiHeadAttention:
     rope = RotaryEmbedding(cfg.d_k, cfg.rope_base) if self_attention and cfg.positions == "rope" else None
@@ -155,3 +162,18 @@ class DecoderLayer(nn.Module):
         if trace is not None:
             trace.record(join(prefix, "output"), y)
         return y
+
+    def step(self, y: Tensor, cache: LayerCache, memory: Tensor | None = None, memory_mask: Tensor | None = None,
+             memory_keep: Tensor | None = None) -> Tensor:
+        """One decoding step in eval mode: y (batch, d) is each row's newest position -> (batch, d).
+
+        The same sub-layers as `forward` with the cache, for one query row (MultiHeadAttention.step).
+        memory_mask / memory_keep: the source visibility, prepared once per source (DecoderCache).
+        """
+        y = self.sublayer[0].step(y, lambda h: self.self_attention.step(h, cache.self))
+        s = 1
+        if self.cross_attention is not None:
+            y = self.sublayer[1].step(y, lambda h: self.cross_attention.step(h, cache.cross, memory, memory_mask,
+                                                                             memory_keep))
+            s = 2
+        return self.sublayer[s].step(y, self.ffn)

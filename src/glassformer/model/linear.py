@@ -76,19 +76,20 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, rows: slice | 
 
     x: (..., in) -> (..., out). Same result as F.linear(x, weight[rows], bias[rows]).
     """
-    if torch.is_grad_enabled() or weight.device.type != "cpu":              # training / other devices
+    if torch.is_grad_enabled() or not weight.is_cpu:                        # training / other devices
         return F.linear(x, weight if rows is None else weight[rows],
                         bias if bias is None or rows is None else bias[rows])
     p = _plan(weight, bias, rows)
-    n = x.numel() // x.size(-1) if x.dim() > 1 else 1                       # rows in this product
-    if n >= PACKED_MIN_ROWS and _ONEDNN and x.dtype == weight.dtype == torch.float32:
+    flat = x if x.dim() == 2 else x.reshape(-1, x.size(-1))                 # (rows, in); decoding steps are 2-D
+    if flat.size(0) >= PACKED_MIN_ROWS and _ONEDNN and x.dtype == weight.dtype == torch.float32:
         if p.packed is None:
             with torch.inference_mode(False):
                 p.packed = torch.ops.mkldnn._reorder_linear_weight(p.w.detach().contiguous(), 32)
-        out = torch.ops.mkldnn._linear_pointwise(x.reshape(n, x.size(-1)), p.packed, p.b, "none", [], "")
-        return out.view(*x.shape[:-1], p.w.size(0))                         # (..., out)
-    if p.wt is None:
-        return F.linear(x, p.w, p.b)
-    if p.b is None:
-        return x @ p.wt
-    return torch.addmm(p.b, x.reshape(-1, x.size(-1)), p.wt).view(*x.shape[:-1], p.wt.size(1))
+        out = torch.ops.mkldnn._linear_pointwise(flat, p.packed, p.b, "none", [], "")
+    elif p.wt is None:
+        out = F.linear(flat, p.w, p.b)
+    elif p.b is None:
+        out = torch.mm(flat, p.wt)
+    else:
+        out = torch.addmm(p.b, flat, p.wt)                                   # (rows, out)
+    return out if flat is x else out.view(*x.shape[:-1], out.size(-1))     # (..., out)

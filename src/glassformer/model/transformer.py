@@ -10,12 +10,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .attention import guard_empty_rows
 from .config import ModelConfig
 from .layers import DecoderLayer, EncoderLayer, LayerCache
 from .linear import linear
 from .masks import padding_mask
 from .packing import Rows
 from .positions import LearnedPositions, sinusoidal_positions
+from .threads import serial_if_small
 from .trace import Trace, child, join
 
 
@@ -136,21 +138,39 @@ class Decoder(nn.Module):
             trace.record(join(prefix, "output"), y)
         return y
 
+    def step(self, y: Tensor, cache: list[LayerCache], memory: Tensor | None = None,
+             memory_mask: Tensor | None = None, memory_keep: Tensor | None = None) -> Tensor:
+        """One decoding step in eval mode: y (batch, d), each row's newest embedded position -> (batch, d)."""
+        for layer, layer_cache in zip(self.layers, cache, strict=True):
+            y = layer.step(y, layer_cache, memory, memory_mask, memory_keep)
+        return y if self.norm is None else self.norm(y)
+
+
 
 class DecoderCache:
     """All layers' KV caches for incremental decoding, plus how many target positions are cached."""
 
     def __init__(self, n_layers: int) -> None:
         self.layers = [LayerCache() for _ in range(n_layers)]
-        self._source: tuple[weakref.ref, Tensor | None] | None = None  # (src_pad, what cross-attention gets)
+        self._source: tuple[weakref.ref, tuple] | None = None  # (src_pad, what cross-attention gets)
 
     def source_padding(self, src_pad: Tensor | None) -> Tensor | None:
         """src_pad, or None when it flags no PAD, so cross-attention runs unmasked (no mask, no empty-row
         check and its host sync): looked at once per src_pad tensor, not at every step and layer."""
+        return self.source_visibility(src_pad)[0]
+
+    def source_visibility(self, src_pad: Tensor | None) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        """(src_pad or None, cross-attention mask (batch, 1, 1, src) or None, keep (batch, 1, 1, 1) or None).
+
+        The mask lets a row whose source is all PAD see every key, and keep zeroes that row's output
+        (as `guard_empty_rows` does); all of it is worked out once per src_pad tensor.
+        """
         if src_pad is None:
-            return None
+            return None, None, None
         if self._source is None or self._source[0]() is not src_pad:
-            self._source = (weakref.ref(src_pad), src_pad if bool(src_pad.any()) else None)
+            pad = src_pad if bool(src_pad.any()) else None
+            mask, keep = guard_empty_rows(padding_mask(pad)) if pad is not None else (None, None)
+            self._source = (weakref.ref(src_pad), (pad, mask, keep))
         return self._source[1]
 
     @property
@@ -252,8 +272,17 @@ class Transformer(nn.Module):
 
     def decode_step(self, tokens: Tensor, memory: Tensor, src_pad: Tensor | None,
                     cache: DecoderCache) -> Tensor:
-        """Feed the newest target token(s) (batch, new) through the cache; logits (batch, new, vocab)."""
-        return self.logits(self.decode(tokens, memory, src_pad, cache=cache))
+        """Feed the newest target token(s) (batch, new) through the cache; logits (batch, new, vocab).
+
+        One new token per row in eval mode takes `Decoder.step` (one query row, fewer operations): the
+        same numbers as `decode`, which training, prefixes and traces use.
+        """
+        if tokens.size(1) != 1 or self.training:
+            return self.logits(self.decode(tokens, memory, src_pad, cache=cache))
+        with serial_if_small(tokens.size(0), tokens.device):
+            y = self.tgt_embed(tokens, offset=cache.length)[:, 0]            # (batch, d)
+            _, mask, keep = cache.source_visibility(src_pad)
+            return self.logits(self.decoder.step(y, cache.layers, memory, mask, keep))[:, None]  # (batch, 1, vocab)
 
 
 class EncoderOnlyModel(nn.Module):
