@@ -1,8 +1,8 @@
 """Small decoding steps run on the calling thread: their operations are too small to split.
 
-A step with one or two rows multiplies single rows by each weight and attends with one query per head;
-handing half of such an operation to a second thread costs more (waking it, then waiting for it) than
-the half saves. Measured in docs/performance.md; larger steps keep every thread.
+A step of a few rows multiplies a few rows by each weight and attends with one query per head: each
+operation takes about as long as waking a second thread, so splitting it costs more (wake it, then wait
+for it) than the half saves. Measured in docs/performance.md; larger steps keep every thread.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Iterator
 
 import torch
 
-SERIAL_MAX_ROWS = 3            # steps of up to 3 rows: one thread was faster; from 4 rows on, all of them
+SERIAL_MAX_ROWS = 4            # up to 4 rows (batch 1, or one sentence with 4 beams): one thread
 
 
 @contextmanager
