@@ -26,7 +26,7 @@ class FeedForward(nn.Module):
         nn.init.xavier_uniform_(self.w_2.weight)
 
     def forward(self, x: Tensor, trace: Trace | None = None, prefix: str = "") -> Tensor:
-        hidden = F.relu(linear(x, self.w_1.weight, self.w_1.bias))           # (batch, len, d_ff)
+        hidden = F.relu(linear(x, self.w_1.weight, self.w_1.bias), inplace=True)   # (batch, len, d_ff)
         out = linear(hidden, self.w_2.weight, self.w_2.bias)                 # (batch, len, d)
         if trace is not None:
             trace.record(join(prefix, "hidden"), hidden)
@@ -68,9 +68,9 @@ class ResidualNorm(nn.Module):
     def step(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         """`forward` for one decoding step in eval mode (no dropout, no trace), without module-call overhead."""
         n = self.norm
-        if self.placement == "post":
-            return F.layer_norm(x + sublayer(x), n.normalized_shape, n.weight, n.bias, n.eps)
-        return x + sublayer(F.layer_norm(x, n.normalized_shape, n.weight, n.bias, n.eps))
+        if self.placement == "post":                                         # the sum goes into the fresh output
+            return F.layer_norm(sublayer(x).add_(x), n.normalized_shape, n.weight, n.bias, n.eps)
+        return sublayer(F.layer_norm(x, n.normalized_shape, n.weight, n.bias, n.eps)).add_(x)
 
 
 def _attention(cfg: ModelConfig, self_attention: bool) -> MultiHeadAttention:
