@@ -146,7 +146,6 @@ class Decoder(nn.Module):
         return y if self.norm is None else self.norm(y)
 
 
-
 class DecoderCache:
     """All layers' KV caches for incremental decoding, plus how many target positions are cached."""
 
