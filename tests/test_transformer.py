@@ -295,12 +295,23 @@ def test_one_row_steps_see_every_cached_row_and_only_those():
     assert (a[:, 2:] - b[:, 2:]).abs().amax(dim=-1).min() > 1e-4           # every later row moved
 
 
+def test_a_step_without_the_encoder_output_is_refused_not_read_as_self_attention():
+    m = model()
+    src, tgt = batch()
+    with torch.no_grad():
+        cache = m.new_cache()
+        with pytest.raises(ValueError, match="encoder output"):
+            m.decode_step(tgt[:, :1], None, src == 0, cache)
+
+
 def test_small_steps_run_on_one_thread_and_give_the_thread_count_back():
     from glassformer.model.threads import SERIAL_MAX_ROWS, serial_if_small
 
     seen = []
     torch.set_num_threads(2)
     try:
+        with serial_if_small(1, torch.device("cpu")):                      # batch 1
+            seen.append(torch.get_num_threads())
         with serial_if_small(SERIAL_MAX_ROWS, torch.device("cpu")):
             seen.append(torch.get_num_threads())
         with serial_if_small(SERIAL_MAX_ROWS + 1, torch.device("cpu")):
@@ -311,4 +322,4 @@ def test_small_steps_run_on_one_thread_and_give_the_thread_count_back():
         seen.append(torch.get_num_threads())
     finally:
         torch.set_num_threads(1)
-    assert seen == [1, 2, 2]
+    assert seen == [1, 1, 2, 2]

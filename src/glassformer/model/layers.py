@@ -173,6 +173,8 @@ class DecoderLayer(nn.Module):
         y = self.sublayer[0].step(y, lambda h: self.self_attention.step(h, cache.self))
         s = 1
         if self.cross_attention is not None:
+            if memory is None:
+                raise ValueError("DecoderLayer with cross-attention needs the encoder output (memory)")
             y = self.sublayer[1].step(y, lambda h: self.cross_attention.step(h, cache.cross, memory, memory_mask,
                                                                              memory_keep))
             s = 2

@@ -3,6 +3,8 @@
 A step of a few rows multiplies a few rows by each weight and attends with one query per head: each
 operation takes about as long as waking a second thread, so splitting it costs more (wake it, then wait
 for it) than the half saves. Measured in docs/performance.md; larger steps keep every thread.
+The thread count is process-wide (torch.set_num_threads): while such a step runs, torch work on other
+Python threads of the same process also gets one thread.
 """
 
 from __future__ import annotations
