@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import glassformer.model.attention as attention_module
 from glassformer.lesson import claims
-from glassformer.lesson.claims import CHECKS, Claim, run_all, run_check
+from glassformer.lesson.claims import CHECKS, Measurement, detail, reading, run_all, run_check
 from glassformer.model.attention import MultiHeadAttention
 from glassformer.model.trace import join
 from glassformer.model.transformer import Transformer
@@ -28,18 +28,32 @@ def test_one_check_per_claim_in_order():
 @pytest.mark.parametrize("claim_id", CLAIM_IDS)
 def test_claim_holds(claim_id):
     claim = run_check(claim_id)
-    assert claim.passed, f"{claim_id}: {claim.measured}"
-    assert claim.measured and claim.title and any(ch.isdigit() for ch in claim.measured)
+    assert claim.passed, f"{claim_id}: {detail(claim)}"
+    assert claim.title and claim.values and any(ch.isdigit() for ch in detail(claim))
+    assert "{" not in detail(claim), detail(claim)                          # every template field was filled
 
 
 def test_run_all_runs_every_registered_check_in_order(monkeypatch):
     calls = []
-    fake = {i: (f"claim {i}", lambda i=i: (calls.append(i) or f"measured {i}", i != "B2")) for i in ("A1", "B2", "C3")}
-    monkeypatch.setattr(claims, "CHECKS", fake)
+    fake = {i: (f"claim {i}", lambda i=i: calls.append(i) or reading("measured {x:Δ}", i != "B2", x=0.25))
+            for i in ("A1", "B2", "C3")}
+    monkeypatch.setattr(claims.registry, "CHECKS", fake)
     result = run_all()
-    assert calls == ["A1", "B2", "C3"] and all(isinstance(c, Claim) for c in result)
-    assert [(c.id, c.passed, c.measured) for c in result] == [
-        ("A1", True, "measured A1"), ("B2", False, "measured B2"), ("C3", True, "measured C3")]
+    assert calls == ["A1", "B2", "C3"] and all(isinstance(c, Measurement) for c in result)
+    assert [(c.id, c.passed, detail(c)) for c in result] == [
+        ("A1", True, "measured 2.5e-01"), ("B2", False, "measured 2.5e-01"), ("C3", True, "measured 2.5e-01")]
+
+
+def test_renderer_prints_rows_and_gives_json_with_values():
+    rows = [Measurement("A1", "one", {"err": 0.0, "n": 3}, {"exact": 1e-10}, True, "|Δ| = {err:Δ} over {n}"),
+            Measurement("B2", "two", {"err": float("inf")}, {}, False, "|Δ| = {err:Δ}")]
+    text = claims.as_text(rows).splitlines()
+    assert text == ["A1  PASS  one | |Δ| = 0 over 3", "B2  FAIL  two | |Δ| = inf", "2 claims: 1 PASS, 1 FAIL (B2)"]
+    table = claims.as_json(rows)
+    assert table["passed"] == 1 and table["total"] == 2 and table["failed"] == ["B2"]
+    assert table["claims"][0] == {"id": "A1", "title": "one", "measured": "|Δ| = 0 over 3", "passed": True,
+                                  "values": {"err": 0.0, "n": 3}, "tolerance": {"exact": 1e-10}}
+    assert table["claims"][1]["values"] == {"err": None}                   # strict JSON: no Infinity
 
 
 def test_a_crashing_check_is_a_failure(monkeypatch):
@@ -47,7 +61,7 @@ def test_a_crashing_check_is_a_failure(monkeypatch):
         raise RuntimeError("shape mismatch")
     monkeypatch.setitem(CHECKS, "A1", ("rows stay rows", broken))
     claim = run_check("A1")
-    assert not claim.passed and "RuntimeError: shape mismatch" in claim.measured
+    assert not claim.passed and "RuntimeError: shape mismatch" in detail(claim)
 
 
 # ---- plausible bugs, patched into the model code; the guarding checks must fail -----------------

@@ -133,3 +133,21 @@ def test_evaluate_prints_bleu_and_chrf_with_signatures(model_dir, capsys, monkey
     result = json.loads(out)
     assert result["sentences"] == 233 and 0.0 <= result["bleu"] <= 100.0 and 0.0 <= result["chrf"] <= 100.0
     assert "nrefs:1" in result["bleu_signature"] and "nc:6" in result["chrf_signature"]
+
+
+def test_explain_of_a_greedy_output_cut_at_the_limit_ends_without_eos(model_dir, capsys, monkeypatch):
+    import glassformer.translation.explain as explain_module
+    from glassformer.translation.decode import output_limits
+
+    def cut_greedy(model, src, *args, **kw):                 # as if the model never chose EOS
+        limit = int(output_limits(src == model.cfg.pad_id, model.cfg.max_len)[0])
+        return [[7] * limit]
+    monkeypatch.setattr(explain_module, "greedy", cut_greedy)
+    code, out, _ = _run(capsys, monkeypatch, ["explain", "我很好。", "--model", str(model_dir), "--json"])
+    assert code == 0
+    walk = json.loads(out)
+    assert walk["finished"] is False
+    last = walk["rows"][-1]
+    assert last["next"] != "</s>" and last["rank"] == 1 and last["next"] == last["top"][0]["token"]
+    code, text, _ = _run(capsys, monkeypatch, ["explain", "我很好。", "--model", str(model_dir)])
+    assert code == 0 and "cut at the length limit" in text
