@@ -138,6 +138,11 @@ class Recording:
     def names(self) -> list[str]:
         return list(self._values)
 
+    @property
+    def records(self) -> dict[str, Tensor]:
+        """{name: last value}, in recording order."""
+        return {name: values[-1] for name, values in self._values.items()}
+
     def items(self) -> Iterator[tuple[str, Tensor]]:
         """(name, last value) pairs in recording order."""
         return ((name, values[-1]) for name, values in list(self._values.items()))
