@@ -12,7 +12,6 @@ from typing import Any
 import torch
 
 from ..errors import UsageError
-from ..model import Trace
 from ..model.readout import next_token_walk
 from .decode import Translator, greedy, output_limits
 from .tokenize import BOS, EOS
@@ -55,9 +54,9 @@ def explain(translator: Translator, sentence: str, target: str | None = None, al
         raise UsageError(f"--target: {len(inputs)} target positions, over the model's limit of {limit}")
     tgt_in = torch.tensor([inputs], dtype=torch.long, device=device)       # (1, tgt)
     layers = range(model.cfg.decoder_layers) if all_layers else [model.cfg.decoder_layers - 1]
-    trace = Trace([f"decoder.{i}.cross_attention.head.*.weights" for i in layers] + ["logits"])
     model.eval()
-    model(src, tgt_in, trace=trace)
+    with model.probes(*[f"decoder.{i}.cross_attention.head.*.weights" for i in layers], "logits") as trace:
+        model(src, tgt_in)
     walk = next_token_walk(trace["logits"][0], tgt_in[0].tolist(), EOS, finished=finished,
                            top=min(top, model.cfg.tgt_vocab))
     names = [tgt_tok.id_to_token(i) or "?" for i in tgt_in[0].tolist()]

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from . import attention, blocks, families, lab, masks, positions, translator  # noqa: F401  (registers, A … G)
 from .common import seeded_model, source_ids, target_ids
-from .registry import CHECKS, Measurement, Reading, check, one_thread, reading, run_all, run_check
+from .registry import CHECKS, Measurement, Reading, check, injected, reading, run_all, run_check
 from .render import as_dict, as_json, as_text, detail
 
-__all__ = ["CHECKS", "Measurement", "Reading", "as_dict", "as_json", "as_text", "check", "detail", "one_thread",
+__all__ = ["CHECKS", "Measurement", "Reading", "as_dict", "as_json", "as_text", "check", "detail", "injected",
            "reading", "run_all", "run_check", "seeded_model", "source_ids", "target_ids"]

@@ -7,7 +7,6 @@ import math
 import numpy as np
 import torch
 
-from ...model.trace import Trace
 from .. import examples as ex
 from ..reference import max_difference, run_reference
 from ..spec import run_spec
@@ -20,10 +19,9 @@ def rows_stay_rows() -> Reading:
     model = seeded_model()
     shapes, ok = [], True
     for units in (ex.NINE_UNITS, ex.SIX_UNITS):
-        trace = Trace(["encoder.0.self_attention.head.0.scores", "encoder.0.self_attention.head.0.weights",
-                       "encoder.output"])
-        with torch.no_grad():
-            model.encode(source_ids(units), trace=trace)
+        with torch.no_grad(), model.probes("encoder.0.self_attention.head.0.scores",
+                                           "encoder.0.self_attention.head.0.weights", "encoder.output") as trace:
+            model.encode(source_ids(units))
         n, d = len(units), model.cfg.d_model
         s = trace["encoder.0.self_attention.head.0.scores"][0]
         w = trace["encoder.0.self_attention.head.0.weights"][0]
@@ -57,9 +55,9 @@ def projections_shared() -> Reading:
 @check("A3", "softmax along keys: rows sum to 1, columns need not")
 def softmax_along_keys() -> Reading:
     tables = [array(h["weights"]) for h in block()["self_attention"]["heads"]]
-    trace = Trace("encoder.*.self_attention.head.*.weights")
-    with torch.no_grad():
-        seeded_model().encode(source_ids(ex.NINE_UNITS), trace=trace)
+    model = seeded_model()
+    with torch.no_grad(), model.probes("encoder.*.self_attention.head.*.weights") as trace:
+        model.encode(source_ids(ex.NINE_UNITS))
     tables += [t[0].numpy() for t in trace.records.values()]
     row_err = max(float(np.max(np.abs(w.sum(axis=1) - 1))) for w in tables)
     cols = np.concatenate([w.sum(axis=0) for w in tables])

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 from ...model.config import ModelConfig
+from ...model.hooks import probes
 from ...model.layers import ResidualNorm
-from ...model.trace import Trace
 from ...model.transformer import Transformer
 from .. import examples as ex
 from ..reference import layer_norm, max_difference, run_reference
@@ -79,9 +79,9 @@ def post_norm_placement() -> Reading:
         torch.manual_seed(0)
         rn = ResidualNorm(8, 1e-5, "post", dropout=0.5).double().train()
         xin, c = rows(1, 1, 6, 8), torch.full((1, 6, 8), 3.0, dtype=torch.float64)
-        trace = Trace()
-        rn(xin, lambda h: c, trace, "s")
-    added = (trace["s.residual"] - xin).numpy()
+        with probes(rn, "residual") as trace:
+            rn(xin, lambda h: c)
+    added = (trace["residual"] - xin).numpy()
     dropout_ok = bool(np.all(np.isclose(added, 0.0) | np.isclose(added, 6.0))) and bool(np.any(np.isclose(added, 0)))
     return reading("post |Δ| = {post:Δ}, pre |Δ| = {pre:Δ}; stack final LN: post {final_post}, pre {final_pre}; "
                    "dropout on Sub(x) only: {dropout}",

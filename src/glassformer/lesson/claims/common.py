@@ -9,12 +9,13 @@ import numpy as np
 import torch
 
 from ...model.config import ModelConfig
+from ...model.hooks import Recording
 from ...model.layers import EncoderLayer
-from ...model.trace import Trace
 from ...model.transformer import Transformer
 from .. import examples as ex
 from ..spec import run_spec
 from ..views import source_ids, target_ids
+from .registry import injected
 
 __all__ = ["EXACT", "TABLE", "TOL", "array", "block", "diff", "layer", "np_softmax", "probes", "rows",
            "seeded_model", "source_ids", "target_ids"]
@@ -35,7 +36,7 @@ def seeded_model(seed: int = 0, **changes) -> Transformer:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Transformer(cfg)
-    return model.double().eval()
+    return injected(model.double().eval())
 
 
 def layer(seed: int = 0, **changes) -> EncoderLayer:
@@ -44,7 +45,7 @@ def layer(seed: int = 0, **changes) -> EncoderLayer:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         built = EncoderLayer(cfg)
-    return built.double().eval()
+    return injected(built.double().eval())
 
 
 def rows(seed: int, *shape: int) -> torch.Tensor:
@@ -69,6 +70,6 @@ def diff(a, b) -> float:
     return float(np.max(np.abs(a - b))) if a.shape == b.shape else math.inf
 
 
-def probes(trace: Trace, pattern: str) -> list[torch.Tensor]:
+def probes(trace: Recording, pattern: str) -> list[torch.Tensor]:
     """The recorded tensors whose names match `pattern`, in recording order."""
     return [t for name, t in trace.records.items() if fnmatch.fnmatchcase(name, pattern)]

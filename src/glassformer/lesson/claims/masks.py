@@ -7,7 +7,6 @@ import math
 import numpy as np
 import torch
 
-from ...model.trace import Trace
 from ..views import lesson_batch
 from .common import EXACT, diff, seeded_model
 from .registry import Reading, check, reading
@@ -19,9 +18,9 @@ def source_padding_hidden() -> Reading:
     batch = lesson_batch()
     src, tgt = batch.src, batch.tgt_in
     pad = batch.source_padding[1]
-    trace = Trace(["encoder.*.self_attention.head.*.weights", "decoder.*.cross_attention.head.*.weights"])
-    with torch.no_grad():
-        model(src, tgt, trace=trace)
+    with torch.no_grad(), model.probes("encoder.*.self_attention.head.*.weights",
+                                       "decoder.*.cross_attention.head.*.weights") as trace:
+        model(src, tgt)
     pad_max, valid_min = 0.0, math.inf
     for w in trace.records.values():
         pad_max = max(pad_max, float(w[1][:, pad].abs().max()))
@@ -41,9 +40,8 @@ def target_masks() -> Reading:
     src, tgt, tgt_pad = batch.src, batch.tgt_in, batch.target_padding
     tri, combined = batch.causal, batch.decoder_self                          # (query, key), (batch, query, key)
     want = np.tril(np.ones((6, 6), bool))[None] & ~tgt_pad.numpy()[:, None, :]
-    trace = Trace("decoder.*.self_attention.head.*.weights")
-    with torch.no_grad():
-        model(src, tgt, tgt_pad=tgt_pad, trace=trace)
+    with torch.no_grad(), model.probes("decoder.*.self_attention.head.*.weights") as trace:
+        model(src, tgt, tgt_pad=tgt_pad)
     traced = all(np.array_equal(w.numpy() > 0, want) for w in trace.records.values())
     counts = [int(c.sum()) for c in combined]
     return reading("causal {causal}/36 visible; combined A {counts[0]}, B {counts[1]}; {tables} traced decoder "

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import torch
 
+from ...model.hooks import probes
 from ...model.positions import RotaryEmbedding, sinusoidal_positions
-from ...model.trace import Trace
 from .. import examples as ex
 from .common import EXACT, TABLE, diff, layer, rows, seeded_model, source_ids
 from .registry import Reading, check, reading
@@ -22,9 +22,8 @@ def equivariance_without_positions() -> Reading:
     units = ex.NINE_UNITS
     out, scores = [], []
     for seq in (units, [units[i] for i in _PERM]):
-        trace = Trace("encoder.0.self_attention.head.0.scores")
-        with torch.no_grad():
-            out.append(model.encode(source_ids(seq), trace=trace)[0])
+        with torch.no_grad(), model.probes("encoder.0.self_attention.head.0.scores") as trace:
+            out.append(model.encode(source_ids(seq))[0])
         scores.append(trace["encoder.0.self_attention.head.0.scores"][0])
     p = torch.tensor(_PERM)
     equi = diff(out[1], out[0][p])
@@ -49,9 +48,8 @@ def positions_break_symmetry() -> Reading:
             ya, yb = model.encode(source_ids(a))[0], model.encode(source_ids(b))[0]
         gaps[positions] = diff(yb, ya[p])
     model = seeded_model(2)
-    trace = Trace("encoder.embedding")
-    with torch.no_grad():
-        model.encode(source_ids(a), trace=trace)
+    with torch.no_grad(), model.probes("encoder.embedding") as trace:
+        model.encode(source_ids(a))
     d = model.cfg.d_model
     token = model.src_embed.token.weight[source_ids(a)[0]].detach().numpy()
     pe = np.array([[math.sin(p_ / 10000 ** (2 * (i // 2) / d)) if i % 2 == 0 else
@@ -105,12 +103,11 @@ def sinusoidal_formula() -> Reading:
 @check("C5", "relative bias b_{i−j}: depends on the offset only")
 def relative_bias_by_offset() -> Reading:
     mha = layer(7, positions="relative", relative_clip=3).self_attention
-    trace = Trace(["a.head.*.scores", "a.head.*.scaled_scores"])
-    with torch.no_grad():
-        mha(rows(14, 1, 7, 32), trace=trace, prefix="a")
+    with torch.no_grad(), probes(mha, "head.*.scores", "head.*.scaled_scores") as trace:
+        mha(rows(14, 1, 7, 32))
     toeplitz, spread, table = 0.0, math.inf, 0.0
     for h in range(mha.heads):
-        bias = (trace[f"a.head.{h}.scaled_scores"] - trace[f"a.head.{h}.scores"] / math.sqrt(mha.d_k))[0].numpy()
+        bias = (trace[f"head.{h}.scaled_scores"] - trace[f"head.{h}.scores"] / math.sqrt(mha.d_k))[0].numpy()
         toeplitz = max(toeplitz, float(np.max(np.abs(bias[1:, 1:] - bias[:-1, :-1]))))
         spread = min(spread, float(bias.max() - bias.min()))
         want = np.array([[mha.relative.bias[h, max(-3, min(3, i - j)) + 3].item() for j in range(7)]
@@ -147,15 +144,14 @@ def rope_by_offset() -> Reading:
     # inside the model: no position vector in the embedding, and Q rotated in every layer
     model = seeded_model(4, positions="rope")
     ids = source_ids(ex.NINE_UNITS)
-    trace = Trace(["encoder.*.self_attention.head.0.q", "encoder.*.sublayer.0.input"])
-    with torch.no_grad():
+    with torch.no_grad(), model.probes("encoder.*.self_attention.head.0.q", "encoder.*.sublayer.0.input") as trace:
         emb = model.src_embed(ids)
-        model.encode(ids, trace=trace)
+        model.encode(ids)
     plain_embedding = diff(emb, model.src_embed.token.weight[ids] * math.sqrt(model.cfg.d_model))
     rotated_layers = 0
     for i, enc_layer in enumerate(model.encoder.layers):
         with torch.no_grad():
-            unrotated = enc_layer.self_attention.project_q(trace[f"encoder.{i}.sublayer.0.input"])[:, 0]
+            unrotated = enc_layer.self_attention.project(trace[f"encoder.{i}.sublayer.0.input"])[0][:, 0]
         got = trace[f"encoder.{i}.self_attention.head.0.q"]
         norms = diff(got.reshape(1, 9, -1, 2).norm(dim=-1), unrotated.reshape(1, 9, -1, 2).norm(dim=-1))
         if diff(got[:, 0], unrotated[:, 0]) <= EXACT and diff(got, unrotated) > 1e-3 and norms <= EXACT:

@@ -8,11 +8,18 @@ held, and a one-line `detail` template over those values ("{err:Δ}" prints a di
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Callable
+import fnmatch
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+from torch import nn
+
+from ...model.hooks import HookFn, hook_names, intervene
+
+M = TypeVar("M", bound=nn.Module)
 
 
 @dataclass(frozen=True)
@@ -56,40 +63,39 @@ def check(claim_id: str, title: str):
     return register
 
 
-_THREADS_LOCK = threading.Lock()
-_THREADS_STATE = {"depth": 0, "saved": 1}
+# interventions a caller asked for (a bug injected through the hooks, to watch a check catch it), and the
+# stack that holds them attached to every model the running check builds
+_INJECTED: ContextVar[tuple[dict[str, HookFn], ExitStack] | None] = ContextVar("injected", default=None)
 
 
-@contextlib.contextmanager
-def one_thread():
-    """The checks' tensors are tiny: one thread avoids contention overhead (seconds on a busy 2-core machine).
+def injected(module: M) -> M:
+    """Attach the running check's interventions to a module it built (see `run_check`); returns the module."""
+    current = _INJECTED.get()
+    if current is not None:
+        fns, stack = current
+        names = hook_names(module)
+        mine = {p: fn for p, fn in fns.items() if any(fnmatch.fnmatchcase(n, p) for n in names)}
+        if mine:
+            stack.enter_context(intervene(module, mine))
+    return module
 
-    Nested and concurrent uses share one count: the first entrant saves torch's thread count and
-    the last one out restores it.
+
+def run_check(claim_id: str, interventions: Mapping[str, HookFn] | None = None) -> Measurement:
+    """Run one check; an exception inside it is a failed check whose detail names the error.
+
+    `interventions` (probe pattern -> fn(value, name), as for `model.intervene`) are attached, for the
+    duration of the check, to every model and layer the check builds with the chapters' factories
+    (`seeded_model`, `layer`): a plausible bug written as a hook, to show that the check catches it.
     """
-    import torch
-    with _THREADS_LOCK:
-        if _THREADS_STATE["depth"] == 0:
-            _THREADS_STATE["saved"] = torch.get_num_threads()
-            torch.set_num_threads(1)
-        _THREADS_STATE["depth"] += 1
-    try:
-        yield
-    finally:
-        with _THREADS_LOCK:
-            _THREADS_STATE["depth"] -= 1
-            if _THREADS_STATE["depth"] == 0:
-                torch.set_num_threads(_THREADS_STATE["saved"])
-
-
-def run_check(claim_id: str) -> Measurement:
-    """Run one check; an exception inside it is a failed check whose detail names the error."""
     title, fn = CHECKS[claim_id]
-    try:
-        with one_thread():
+    with ExitStack() as stack:
+        token = _INJECTED.set((dict(interventions), stack) if interventions else None)
+        try:
             result = fn()
-    except Exception as error:  # a broken model must show as FAIL, not crash the report
-        result = reading("error: {error}", False, error=f"{type(error).__name__}: {error}")
+        except Exception as error:  # a broken model must show as FAIL, not crash the report
+            result = reading("error: {error}", False, error=f"{type(error).__name__}: {error}")
+        finally:
+            _INJECTED.reset(token)
     return Measurement(claim_id, title, dict(result.values), dict(result.tolerance), result.passed, result.detail)
 
 

@@ -10,7 +10,6 @@ import torch
 from ...model.attention import MultiHeadAttention
 from ...model.config import ModelConfig
 from ...model.layers import DecoderLayer
-from ...model.trace import Trace
 from ...model.transformer import Transformer
 from .. import examples as ex
 from ..views import lesson_batch, next_token_walk
@@ -46,10 +45,10 @@ def cross_attention_wiring() -> Reading:
     model = seeded_model(6)
     batch = lesson_batch()
     src, tgt, src_pad = batch.src, batch.tgt_in, batch.source_padding
-    trace = Trace(["decoder.*.cross_attention.head.*.weights", "decoder.*.cross_attention.head.*.k",
-                   "decoder.*.cross_attention.head.*.q", "decoder.*.sublayer.1.input", "encoder.output"])
-    with torch.no_grad():
-        model(src, tgt, trace=trace)
+    with torch.no_grad(), model.probes("decoder.*.cross_attention.head.*.weights",
+                                       "decoder.*.cross_attention.head.*.k", "decoder.*.cross_attention.head.*.q",
+                                       "decoder.*.sublayer.1.input", "encoder.output") as trace:
+        model(src, tgt)
     valid_min, pad_max = math.inf, 0.0
     for w in probes(trace, "decoder.*.cross_attention.head.*.weights"):   # (batch, tgt, src)
         valid_min = min(valid_min, float(w.masked_select(~src_pad[:, None, :]).min()))
@@ -76,9 +75,8 @@ def right_shift() -> Reading:
     src, tgt = source_ids(ex.NINE_UNITS), target_ids(ex.TARGET_INPUT)
     shifted = list(ex.TARGET_INPUT) == [ex.BOS, *ex.TARGET_LABELS[:-1]] and ex.TARGET_LABELS[ex.GAVE_ROW] == "him"
     g = ex.GAVE_ROW
-    trace = Trace("decoder.*.self_attention.head.*.weights")
-    with torch.no_grad():
-        base = model(src, tgt, trace=trace)[0, g]
+    with torch.no_grad(), model.probes("decoder.*.self_attention.head.*.weights") as trace:
+        base = model(src, tgt)[0, g]
     seen = set()
     for w in trace.records.values():
         seen |= set(torch.nonzero(w[0, g] > 0).flatten().tolist())
@@ -102,9 +100,8 @@ def right_shift() -> Reading:
 def three_scopes() -> Reading:
     model = seeded_model(8)
     src, tgt = source_ids(ex.NINE_UNITS), target_ids(ex.TARGET_INPUT)
-    trace = Trace("*coder.*.*_attention.head.*.weights")
-    with torch.no_grad():
-        model(src, tgt, trace=trace)
+    with torch.no_grad(), model.probes("*coder.*.*_attention.head.*.weights") as trace:
+        model(src, tgt)
     n, m = src.size(1), tgt.size(1)
     want = {"encoder.*.self_attention": np.ones((n, n), bool),
             "decoder.*.self_attention": np.tril(np.ones((m, m), bool)),
@@ -212,7 +209,8 @@ def base_size() -> Reading:
     n_enc, n_dec = len(model.encoder.layers), len(model.decoder.layers)
     ok = (n_enc, n_dec) == (6, 6) and (mha.heads, mha.d_k, mha.d_v, mha.d_model) == (8, 64, 64, 512) and shapes == {
         "in_proj": (8 * (64 + 64 + 64), 512), "out_proj": (512, 8 * 64), "w_1": (2048, 512), "w_2": (512, 2048)}
-    ok &= all(tuple(layer.cross_attention.in_proj.weight.shape) == (1536, 512) for layer in model.decoder.layers)
+    ok &= all((layer.cross_attention.q_proj.out_features + layer.cross_attention.kv_proj.out_features,
+               layer.cross_attention.kv_proj.in_features) == (1536, 512) for layer in model.decoder.layers)
     return reading("{encoder}+{decoder} layers, d {d_model}, {heads} heads, d_k {d_k}, d_v {d_v}; "
                    "in_proj {in_proj[0]}×{in_proj[1]}, W^O {out_proj[0]}×{out_proj[1]}, W_1 {w_1[1]}→{w_1[0]}", ok,
                    encoder=n_enc, decoder=n_dec, d_model=mha.d_model, heads=mha.heads, d_k=mha.d_k, d_v=mha.d_v,
