@@ -1,7 +1,7 @@
 """The lab's JSON API, independent of HTTP: one method per endpoint, plain dicts in and out.
 
 Endpoints (documented in docs/lab.md): POST /api/trace, GET /api/block, POST /api/sentence,
-GET /api/masks, GET /api/verify, GET /api/info. Bad input raises `ApiError` (status 400 and the
+GET /api/masks, GET /api/verify, POST /api/patch, GET /api/info. Bad input raises `ApiError` (status 400 and the
 offending field); the server turns it into {"error": ..., "field": ...}. The model is shared by
 every request thread, so each use of it holds `LabAPI.lock` and runs under torch.inference_mode.
 """
@@ -32,6 +32,7 @@ DEFAULT_MODEL_DIR = "runs/default"
 DEFAULT_SOURCE = "我／昨天／给／了／他／一／本／书／。"
 DEFAULT_TARGET = "I gave him a book yesterday."
 SWAP_PAIR = ("我", "他")                      # claim C2: 我给他 is not 他给我
+PATCH_CORRUPT = "我／昨天／给／了／她／一／本／书／。"   # 他 → 她: does `him` still come out?
 BLOCK_TOKENS = ("我", "给", "书")             # the positions the lesson's BLOCK rows stand for
 MAX_SOURCE_CHARS = 400
 MAX_TARGET_CHARS = 800
@@ -220,6 +221,7 @@ class LabAPI:
         "/api/sentence": ("POST", "sentence"),
         "/api/masks": ("GET", "masks"),
         "/api/verify": ("GET", "verify"),
+        "/api/patch": ("POST", "patch"),
         "/api/info": ("GET", "info"),
     }
 
@@ -315,11 +317,38 @@ class LabAPI:
                 self._verify_cache = table
             return copy.deepcopy(self._verify_cache)
 
+    # -- POST /api/patch
+    def patch(self, body: Any) -> dict:
+        """Activation patching at the `gave` row: each cross-attention head and encoder position, clean → corrupted."""
+        from ..translation import patching
+        body = _check_keys(body, {"clean": False, "corrupt": False, "target": False, "predict": False,
+                                  "positions": False})
+        corrupt = body.get("corrupt", [PATCH_CORRUPT])
+        if isinstance(corrupt, str):
+            corrupt = [corrupt]
+        if not isinstance(corrupt, list) or not all(isinstance(c, str) for c in corrupt):
+            raise ApiError(400, "corrupt must be a sentence or a list of sentences", "corrupt")
+        positions = body.get("positions", True)
+        if not isinstance(positions, bool):
+            raise ApiError(400, "positions must be true or false", "positions")
+        lab = self.lab_model
+        try:
+            with self.lock, torch.inference_mode():
+                result = patching.lesson_patching(lab.model, lab.source, lab.target, body.get("clean", DEFAULT_SOURCE),
+                                                  corrupt, body.get("target", DEFAULT_TARGET),
+                                                  body.get("predict", patching.DEFAULT_PREDICT), positions=positions)
+        except UsageError as error:
+            message = str(error)
+            field = message.split(":", 1)[0].split("[", 1)[0] if ":" in message else None
+            raise ApiError(400, message, field if field in {"clean", "corrupt", "target", "predict", "positions"}
+                           else None) from None
+        return {"model": self.describe(lab), **finite_json(result)}
+
     # -- GET /api/info
     def info(self) -> dict:
         """What the Sentence view runs: trained or untrained, from where, with which sizes."""
         return {"glassformer": __version__, "model": self.describe(self.lab_model),
-                "default_source": DEFAULT_SOURCE, "default_target": DEFAULT_TARGET,
+                "default_source": DEFAULT_SOURCE, "default_target": DEFAULT_TARGET, "patch_corrupt": PATCH_CORRUPT,
                 "swap": list(SWAP_PAIR)}
 
     @staticmethod
