@@ -22,6 +22,7 @@ head (or every position of one encoder layer) gives the clean run back, fraction
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -219,7 +220,16 @@ def _plain(value: Any) -> Any:
 
 
 def _cell(patch: dict) -> str:
-    return "   n/a" if patch["fraction"] is None else f"{patch['fraction']:+6.2f}"
+    if patch["fraction"] is None:
+        return "   n/a"
+    value = round(patch["fraction"], 2)
+    return f"{value if value != 0 else 0.0:+6.2f}"                          # no "-0.00"
+
+
+def _right(text: str, width: int) -> str:
+    """Right-aligned in `width` terminal columns (a CJK character takes two)."""
+    used = sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+    return " " * max(0, width - used) + text
 
 
 def render(result: dict[str, Any]) -> str:
@@ -233,12 +243,12 @@ def render(result: dict[str, Any]) -> str:
                   f"all heads patched → {_cell(run['all_heads']).strip()}   nothing patched → "
                   f"{_cell(run['nothing']).strip()}",
                   "  restored fraction, cross-attention head output (rows: decoder layer, columns: head):",
-                  "        " + "".join(f"{'h' + str(h):>7}" for h in range(result["heads"]))]
+                  "       " + "".join(_right(f"h{h}", 7) for h in range(result["heads"]))]
         for i, layer in enumerate(run["heads"]):
             lines.append(f"  L{i:<4} " + " ".join(_cell(p) for p in layer))
         if run["positions"] is not None:
             lines.append("  restored fraction, one encoder position (rows: residual stream after that layer):")
-            lines.append("        " + "".join(f"{u:>7}" for u in run["units"]))
+            lines.append("       " + "".join(_right(u, 7) for u in run["units"]))
             for name, layer in zip(run["position_layers"], run["positions"], strict=True):
                 label = "emb" if name == "encoder.embedding" else "L" + name.split(".")[1]
                 lines.append(f"  {label:<5} " + " ".join(_cell(p) for p in layer))
