@@ -15,6 +15,8 @@ A `HookPoint` is an identity module placed where the lesson names a value (`head
 Patterns are fnmatch globs where `*` spans dots. Functions attached to one hook point run in the
 order they were attached; a recorder attached before an intervention sees the value it replaces.
 With nothing attached a hook point returns its input and costs one attribute test.
+Hooks are attached to the modules themselves, not to a thread: a model shared between threads
+runs one hooked pass at a time (the lab holds a lock around each use).
 """
 
 from __future__ import annotations
