@@ -65,7 +65,9 @@ def probe_name(module_path: str) -> str:
 
 
 def hook_points(module: nn.Module) -> Iterator[tuple[str, HookPoint]]:
-    """(probe name, hook point) of every hook point below `module`, in forward order."""
+    """(probe name, hook point) of every hook point below `module`, in module order: stack by stack,
+    layer by layer, each sub-module's hook points together (within a layer this is not the exact firing
+    order; a Recording lists names in the order they fired)."""
     for path, sub in module.named_modules():
         if isinstance(sub, HookPoint):
             if sub.name is not None:
