@@ -20,10 +20,10 @@ MAX_SPEC_FILE_BYTES = 4 << 20        # a trace-spec file read by `glassformer tr
 
 # ---- trace spec (`glassformer trace`, POST /api/trace) ----------------------------------------
 MAX_SPEC_ROWS = 256                  # rows of q, k, v, x, memory (n and m)
-MAX_SPEC_WIDTH = 1024                # columns: d, d_k, d_v, d_ff
+MAX_SPEC_WIDTH = 512                 # columns: d, d_k, d_v, d_ff
 MAX_SPEC_HEADS = 32                  # heads of one attention sub-layer
-MAX_MATRIX_ELEMENTS = 262_144        # numbers in any one matrix, given or computed (n·m scores, n·d_ff hidden)
-MAX_OUTPUT_ELEMENTS = 2_000_000      # numbers in a whole trace answer
+MAX_MATRIX_ELEMENTS = 65_536         # numbers in any one matrix, given or computed (n·m scores, n·d_ff hidden)
+MAX_OUTPUT_ELEMENTS = 1_000_000      # numbers in a whole trace answer (about 20 MB of JSON)
 
 # ---- one sentence (`translate`, `explain`, POST /api/sentence) --------------------------------
 MAX_SOURCE_CHARS = 400               # characters of one source sentence in the lab

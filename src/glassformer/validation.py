@@ -43,9 +43,11 @@ class Schema(BaseModel):
 # ---- turning a pydantic error into one line ------------------------------------------------------
 
 def field_path(loc: Sequence[str | int]) -> str:
-    """('layers', 0, 'w_q', 1) -> 'layers[0].w_q[1]'."""
+    """('layers', 0, 'w_q', 1) -> 'layers[0].w_q[1]'. Union branch tags (written `§name`) are left out."""
     out = ""
     for part in loc:
+        if isinstance(part, str) and part.startswith("§"):
+            continue
         if isinstance(part, int):
             out += f"[{part}]"
         else:
@@ -77,7 +79,7 @@ def _shown(value: Any) -> str:
 
 
 _TYPE_WORDS = {
-    "float_type": "a number", "int_type": "an integer", "bool_type": "true or false", "string_type": "a string",
+    "float_type": "a number", "int_type": "an integer", "bool_type": "true/false", "string_type": "a string",
     "list_type": "a list", "dict_type": "an object", "model_type": "an object", "dataclass_type": "an object",
     "model_attributes_type": "an object", "dataclass_exact_type": "an object", "tuple_type": "a list",
 }
@@ -88,16 +90,18 @@ def problem(error: dict) -> str:
     kind, value = error["type"], error.get("input")
     ctx = error.get("ctx") or {}
     if kind == "missing":
-        return "missing required field"
+        return "missing required key"
     if kind in ("extra_forbidden", "unexpected_keyword_argument"):
-        return "unknown field"
+        return "unknown key"
     if kind in _TYPE_WORDS:
         return f"expected {_TYPE_WORDS[kind]}, got {_shown(value)}"
     if kind == "finite_number":
-        return f"expected a finite number, got {value!r}"
+        return f"non-finite number {value!r} (expected a finite number)"
     if kind in ("too_long", "too_short"):
         actual = ctx.get("actual_length")
         bound = ctx.get("max_length") if kind == "too_long" else ctx.get("min_length")
+        if kind == "too_short" and actual == 0:
+            return f"empty (expected at least {bound} item{'s' if bound != 1 else ''})"
         word = "at most" if kind == "too_long" else "at least"
         return f"expected {word} {bound} items, got {actual if actual is not None else 'more'}"
     if kind in ("value_error", "assertion_error"):
@@ -114,7 +118,8 @@ def usage_error(error: ValidationError, source: str | None = None, *, error_type
                 prefix: Sequence[str | int] = ()) -> UsageError:
     """The first error of a ValidationError as one UsageError (source: field: problem)."""
     errors = error.errors(include_url=False)
-    first = errors[0]
+    # the shallowest problem first: a missing or unknown top-level key before a detail deep inside
+    first = min(errors, key=lambda e: len([p for p in e["loc"] if not (isinstance(p, str) and p.startswith("§"))]))
     field = field_path([*prefix, *first["loc"]]) or None
     parts = [p for p in (source, field, problem(first)) if p]
     message = ": ".join(parts)
@@ -154,10 +159,6 @@ def decode_text(raw: bytes, source: str, *, error_type: type[UsageError] = Usage
     except UnicodeDecodeError as error:
         raise error_type(f"{source}: not UTF-8 text (invalid byte 0x{raw[error.start]:02x} at offset "
                          f"{error.start})") from None
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
 
 
 def check_json_tree(value: Any, source: str, *, max_depth: int = MAX_JSON_DEPTH,
@@ -202,19 +203,20 @@ def load_json(raw: bytes | str, source: str, *, max_depth: int = MAX_JSON_DEPTH,
               error_type: type[UsageError] = UsageError) -> Any:
     """Parse JSON from bytes or text into plain Python values; anything wrong is one `error_type` line.
 
-    Encoding (UTF-8 only), syntax (line and column), NaN/Infinity, nesting deeper than `max_depth`,
-    integers of more than 64 bits and lone surrogates are all refused with the source named.
+    Encoding (UTF-8 only), syntax (line and column), nesting deeper than `max_depth`, integers of more
+    than 64 bits and lone surrogates are all refused with the source named. NaN and Infinity are read
+    as floats so that the schema refuses them naming the field (every Schema refuses non-finite numbers).
     """
     text = decode_text(raw, source, error_type=error_type) if isinstance(raw, (bytes, bytearray)) else raw
     if not text.strip():
         raise error_type(f"{source}: empty; expected a JSON document")
     try:
-        value = json.loads(text, parse_constant=_refuse_constant)
+        value = json.loads(text)
     except json.JSONDecodeError as error:
         raise error_type(f"{source}: invalid JSON at line {error.lineno} column {error.colno}: {error.msg}") from None
     except RecursionError:
         raise error_type(f"{source}: nested deeper than {max_depth} levels (limit MAX_JSON_DEPTH)") from None
-    except ValueError as error:          # an integer of over 4,300 digits, NaN/Infinity
+    except ValueError as error:          # an integer of over 4,300 digits
         text = str(error)
         if "integer string conversion" in text:
             text = "an integer has more than 4,300 digits"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import math
-import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -256,7 +255,7 @@ class LabAPI:
         try:
             return finite_json(run_spec(doc))
         except UsageError as error:
-            raise ApiError(400, str(error), getattr(error, "field", None) or _field_of(str(error))) from None
+            raise ApiError(error.status, str(error), error.field) from None
 
     # -- GET /api/block
     def block(self) -> dict:
@@ -380,17 +379,6 @@ class LabAPI:
             "src_vocab": cfg.src_vocab,
             "tgt_vocab": cfg.tgt_vocab,
         }
-
-
-def _field_of(message: str) -> str | None:
-    """The field a one-line spec error names: the path before the first colon (plus a missing key)."""
-    head = message.split(":", 1)[0].strip().split(" ")[0].strip("'\"`")
-    if not head or not all(ch.isalnum() or ch in "._[]" for ch in head):
-        return None
-    missing = re.search(r"missing required key '([^']+)'", message)
-    if missing:
-        return missing.group(1) if head == "spec" else f"{head}.{missing.group(1)}"
-    return head
 
 
 ATTENTION_PROBES = ("encoder.*.self_attention.head.*.weights", "decoder.*.self_attention.head.*.weights",

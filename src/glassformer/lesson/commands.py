@@ -10,9 +10,11 @@ import unicodedata
 import numpy as np
 import torch
 
+from .. import limits
 from ..errors import UsageError
 from ..model.masks import causal_mask, combine, loss_mask, padding_mask
 from ..model.trace import Trace
+from ..validation import load_json
 from . import claims
 from . import examples as ex
 from .claims import one_thread
@@ -29,17 +31,14 @@ def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def read_spec(path: str) -> object:
-    """Parse a spec file (or stdin for '-'); malformed JSON is a SpecError naming the place."""
-    if path == "-":
-        text = sys.stdin.read()
-    else:
-        with open(path, encoding="utf-8-sig") as f:
-            text = f.read()
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        where = "stdin" if path == "-" else path
-        raise SpecError(f"{where}: invalid JSON at line {error.lineno} column {error.colno}: {error.msg}") from None
+    """Parse a spec file (or stdin for '-'): size, encoding, JSON and nesting problems are one SpecError line."""
+    where = "stdin" if path == "-" else path
+    with (open(sys.stdin.fileno(), "rb", closefd=False) if path == "-" else open(path, "rb")) as f:
+        raw = f.read(limits.MAX_SPEC_FILE_BYTES + 1)
+    if len(raw) > limits.MAX_SPEC_FILE_BYTES:
+        limits.check(f"{where}: size in bytes", len(raw), "MAX_SPEC_FILE_BYTES")
+        raw += f.read()
+    return load_json(raw, where, error_type=SpecError)
 
 
 def trace_command(args: argparse.Namespace) -> int:
