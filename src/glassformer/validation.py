@@ -20,9 +20,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from .errors import UsageError
 from .limits import MAX_JSON_DEPTH
@@ -38,6 +38,15 @@ class Schema(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True,
                               hide_input_in_errors=False)
+
+
+def _valid_unicode(text: str) -> str:
+    if _has_surrogate(text):
+        raise ValueError("text contains a lone surrogate (not valid Unicode)")
+    return text
+
+
+Text = Annotated[str, AfterValidator(_valid_unicode)]     # a string that can be encoded as UTF-8
 
 
 # ---- turning a pydantic error into one line ------------------------------------------------------
