@@ -26,30 +26,27 @@ import asyncio
 import json
 import logging
 import os
+import queue
 import socket
 import stat
 import threading
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import h11
 import uvicorn
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..errors import UsageError
 from ..validation import load_json
 from .api import ApiError, LabAPI
+from .connection import JSON_TYPE, MAX_HEAD_BUFFER, LabProtocol
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 MAX_BODY = 1 << 20                   # bytes of one request body (1 MiB)
 MAX_PATH = 8192                      # bytes of the request target (path and query)
 MAX_HEADER_BYTES = 16384             # bytes of all header names and values together
 MAX_HEADERS = 64                     # header lines
-MAX_HEAD_BUFFER = 128 << 10          # bytes the parser buffers for an unfinished head (more: 400)
-MAX_CONNECTIONS = 64                 # open connections at once
-HEAD_TIMEOUT = 10.0                  # seconds for a whole request head to arrive
+WORKERS = 8                          # threads that run API work (the model itself runs one at a time)
 BODY_TIMEOUT = 10.0                  # seconds for a whole request body to arrive
 KEEP_ALIVE = 5                       # seconds an idle keep-alive connection stays open
 GRACE = 1.0                          # seconds requests in flight get after Ctrl-C
@@ -63,7 +60,6 @@ CONTENT_TYPES = {
     ".png": "image/png",
     ".ico": "image/x-icon",
 }
-JSON_TYPE = "application/json; charset=utf-8"
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 KNOWN_METHODS = {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"}
 SECURITY_HEADERS = {
@@ -102,15 +98,6 @@ def is_loopback(host: str) -> bool:
     return host in ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
-def _write_raw_error(transport, status: int, reason: str, message: str, field: str | None) -> None:
-    """An error answer written straight to a connection the app never saw, then closed."""
-    body = json.dumps({"error": message, "field": field}, ensure_ascii=False).encode("utf-8")
-    head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {JSON_TYPE}\r\nConnection: close\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n")
-    transport.write(head.encode("ascii") + body)
-    transport.close()
-
-
 def json_response(status: int, payload: dict, extra: dict[str, str] | None = None) -> Response:
     body = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
     return Response(body, status, headers={**SECURITY_HEADERS, **(extra or {})}, media_type=JSON_TYPE)
@@ -120,11 +107,52 @@ def error_response(status: int, message: str, field: str | None, extra: dict[str
     return json_response(status, {"error": message, "field": field}, extra)
 
 
+class WorkerPool:
+    """A fixed number of daemon threads running blocking work for the event loop.
+
+    Daemon threads, unlike a ThreadPoolExecutor's, do not hold the process after Ctrl-C while a long
+    computation (/api/verify) is still running: the server stops within GRACE seconds regardless.
+    """
+
+    def __init__(self, size: int = WORKERS) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        for i in range(size):
+            threading.Thread(target=self._work, name=f"glassformer-lab-worker-{i}", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            loop, future, fn, args = self._jobs.get()
+            try:
+                outcome = (fn(*args), None)
+            except Exception as error:  # handed to the awaiting request, which answers it
+                outcome = (None, error)
+            try:
+                loop.call_soon_threadsafe(_settle, future, *outcome)
+            except RuntimeError:                       # the loop has closed (server stopped): drop it
+                pass
+
+    async def run(self, fn, *args):
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._jobs.put((loop, future, fn, args))
+        return await future
+
+
+def _settle(future: asyncio.Future, result, error) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
 class LabApp:
     """The ASGI application: checks in the module docstring's order, then the API or a static file."""
 
     def __init__(self, api: LabAPI, static: dict[str, Path], allowed_hosts: set[str]) -> None:
         self.api, self.static, self.allowed_hosts = api, static, allowed_hosts
+        self.pool = WorkerPool()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":                   # lifespan is off; websockets are not served
@@ -175,7 +203,7 @@ class LabApp:
         if is_api:
             api_method = "GET" if method == "HEAD" else method
             try:
-                payload = await run_in_threadpool(self.api.handle, api_method, path, body)
+                payload = await self.pool.run(self.api.handle, api_method, path, body)
             except ApiError as error:
                 extra = {"Allow": self.api.ROUTES[path][0]} if error.status == 405 else None
                 return json_response(error.status, error.payload(), extra)
@@ -186,7 +214,7 @@ class LabApp:
         if target is None:
             return error_response(404, "not found", "path")
         try:
-            data = await run_in_threadpool(target.read_bytes)
+            data = await self.pool.run(target.read_bytes)
         except OSError:
             return error_response(404, "not found", "path")
         return Response(data, 200, headers=SECURITY_HEADERS, media_type=CONTENT_TYPES[target.suffix])
@@ -219,6 +247,8 @@ class LabApp:
             raw = await asyncio.wait_for(_receive_body(receive, size), BODY_TIMEOUT)
         except asyncio.TimeoutError:
             return error_response(408, f"the request body did not arrive within {BODY_TIMEOUT:g} s", "body"), None
+        except ClientGone:
+            return error_response(400, "the connection closed before the body was complete", "body"), None
         if not raw.strip():
             return error_response(400, "request body is empty; send a JSON object", "body"), None
         try:
@@ -227,12 +257,16 @@ class LabApp:
             return error_response(400, str(error), error.field or "body"), None
 
 
+class ClientGone(Exception):
+    """The client closed its connection (or the server dropped it) before its body was complete."""
+
+
 async def _receive_body(receive, size: int) -> bytes:
     chunks, got = [], 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            break
+            raise ClientGone
         chunk = message.get("body", b"")
         got += len(chunk)
         if got > size:                                 # h11 enforces Content-Length; this is belt and braces
@@ -241,52 +275,6 @@ async def _receive_body(receive, size: int) -> bytes:
         if not message.get("more_body", False):
             break
     return b"".join(chunks)
-
-
-class LabProtocol(H11Protocol):
-    """uvicorn's h11 protocol with a connection cap, a deadline for the request head and JSON errors."""
-
-    def connection_made(self, transport) -> None:
-        super().connection_made(transport)
-        self._head_timer = None
-        if len(self.connections) > MAX_CONNECTIONS:
-            _write_raw_error(transport, 503, "Service Unavailable",
-                             f"too many connections (limit {MAX_CONNECTIONS}); try again", "connection")
-            return
-        self._arm_head_timer()
-
-    def _arm_head_timer(self) -> None:
-        self._cancel_head_timer()
-        self._head_timer = self.loop.call_later(HEAD_TIMEOUT, self._head_timeout)
-
-    def _cancel_head_timer(self) -> None:
-        if getattr(self, "_head_timer", None) is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-
-    def _head_timeout(self) -> None:
-        self._head_timer = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-            self.transport.close()                     # no complete request head in time: cut it off
-
-    def handle_events(self) -> None:
-        before = self.cycle
-        super().handle_events()
-        if self.cycle is not before:                   # a whole request head arrived
-            self._cancel_head_timer()
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing():
-            self._arm_head_timer()
-
-    def connection_lost(self, exc) -> None:
-        self._cancel_head_timer()
-        super().connection_lost(exc)
-
-    def send_400_response(self, msg: str) -> None:
-        _write_raw_error(self.transport, 400, "Bad Request",
-                         f"malformed HTTP request (or a request head over {MAX_HEAD_BUFFER // 1024} KiB)", "request")
 
 
 class LabServer:
