@@ -75,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     except (NotADirectoryError, FileExistsError) as error:
         print(f"glassformer {args.command}: error: {error.strerror}: {error.filename}", file=sys.stderr)
         return 2
+    except UnicodeDecodeError as error:
+        print(f"glassformer {args.command}: error: input is not UTF-8 text (byte 0x{error.object[error.start]:02x} "
+              f"at offset {error.start})", file=sys.stderr)
+        return 2
     except MemoryError:
         print(f"glassformer {args.command}: error: out of memory (the input is too large for this machine)",
               file=sys.stderr)

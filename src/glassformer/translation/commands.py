@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+from .. import limits
 from ..errors import UsageError
 
 DEFAULT_MODEL = "runs/default"
@@ -113,6 +114,7 @@ def add_translate_arguments(parser: argparse.ArgumentParser) -> None:
 def translate_command(args) -> int:
     from .decode import DEFAULT_ALPHA, Translator
 
+    limits.check("--beam", args.beam, "MAX_BEAM")
     translator = Translator.load(_model_dir(args), _device(args.device))
     translator.batch_size = args.batch_size
     alpha = DEFAULT_ALPHA if args.alpha is None else args.alpha
@@ -146,6 +148,7 @@ def evaluate_command(args) -> int:
     from .decode import DEFAULT_ALPHA, Translator
     from .evaluate import evaluate_pairs
 
+    limits.check("--beam", args.beam, "MAX_BEAM")
     folder = _model_dir(args)
     translator = Translator.load(folder, _device(args.device))
     pairs = load_corpus().split(args.split)
@@ -178,7 +181,12 @@ def explain_command(args) -> int:
     from .decode import Translator
     from .explain import explain, render
 
+    limits.check("--top", args.top, "MAX_TOP_K")
     translator = Translator.load(_model_dir(args), _device(args.device))
+    units = len(translator.source.analyse(args.sentence).ids)
+    if units > translator.max_source_len:                   # explain walks the whole sentence: no cutting
+        raise UsageError(f"sentence: {units} units, over the model's limit of {translator.max_source_len} "
+                         "source units (shorten it)")
     walk = explain(translator, args.sentence, target=args.target, all_layers=args.all_layers, top=args.top)
     print(json.dumps(walk, ensure_ascii=False, indent=1) if args.json else render(walk))
     return 0
