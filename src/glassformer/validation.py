@@ -17,6 +17,7 @@ deep, an integer too long, a lone surrogate or NaN each become one line, never a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from functools import lru_cache
@@ -31,6 +32,11 @@ T = TypeVar("T")
 
 MAX_JSON_INT_BITS = 63              # integers beyond a signed 64-bit value are refused, not rounded
 _SHOW = 40                          # characters of an offending value quoted in a message
+
+
+# A dataclass validated by `validate` sets `__pydantic_config__ = DATACLASS_CONFIG`: its fields are then
+# checked strictly (no coercion), like a Schema's, whether it is given as a dict or as an instance.
+DATACLASS_CONFIG = ConfigDict(strict=True, revalidate_instances="always", allow_inf_nan=False)
 
 
 class Schema(BaseModel):
@@ -149,12 +155,27 @@ def validate(schema: type[T] | Any, data: Any, source: str | None = None, *,
     `source` (a file name, "request body", "--settings") starts the message; `error_type` lets a
     caller raise its own UsageError subclass (SpecError, ConfigError).
     """
+    if dataclasses.is_dataclass(schema) and isinstance(data, dict):
+        data = _dataclass_from_dict(schema, data, source, error_type)
     try:
         return _adapter(schema).validate_python(data, strict=strict)
     except ValidationError as error:
         raise usage_error(error, source, error_type=error_type) from None
     except RecursionError:
         raise error_type(": ".join(p for p in (source, "nested too deeply") if p)) from None
+
+
+def _dataclass_from_dict(schema: Any, data: dict, source: str | None, error_type: type[UsageError]) -> Any:
+    """A dataclass instance from a dict (unknown and missing keys named), for strict revalidation."""
+    fields = [f for f in dataclasses.fields(schema) if f.init]
+    names = {f.name for f in fields}
+    for key in data:
+        if key not in names:
+            raise error_type(": ".join(p for p in (source, str(key), "unknown key") if p), str(key))
+    for f in fields:
+        if f.name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise error_type(": ".join(p for p in (source, f.name, "missing required key") if p), f.name)
+    return schema(**data)
 
 
 # ---- reading JSON safely -------------------------------------------------------------------------

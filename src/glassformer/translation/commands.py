@@ -54,6 +54,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
 # ---- train ---------------------------------------------------------------------------------
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     from_recipe = "(default: from the preset)"
@@ -84,13 +94,15 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"average the last K epoch checkpoints at the end {from_recipe}")
     parser.add_argument("--seed", type=int, help="random seed (default 1)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out where it stopped")
-    parser.add_argument("--keep", type=int, help="step checkpoints to keep (default 3)")
+    parser.add_argument("--keep", type=_non_negative, help="step checkpoints to keep (default 3; 0 = none)")
     parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu or cuda")
     parser.add_argument("--threads", type=_positive,
                         help="CPU threads per process (default 2, split between DDP ranks)")
     parser.add_argument("--limit", type=_positive, help="use only the first N training pairs (tests)")
-    parser.add_argument("--log-every", type=_positive, help="steps between metrics.jsonl lines (default 10)")
-    parser.add_argument("--no-eval", action="store_true", help="skip the dev BLEU after each epoch")
+    parser.add_argument("--log-every", type=_positive,
+                        help="steps between metrics.jsonl lines (default 10; kept on --resume)")
+    parser.add_argument("--eval", action=argparse.BooleanOptionalAction, default=None,
+                        help="the dev BLEU after each epoch (default on; --no-eval is kept on --resume)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
