@@ -45,8 +45,12 @@ def trace_command(args: argparse.Namespace) -> int:
     if args.indent is not None and args.indent < 0:
         raise UsageError(f"--indent: expected N >= 0, got {args.indent}")
     doc = read_spec(args.spec)
-    with one_thread():
-        result = run_spec(doc)
+    try:
+        with one_thread():
+            result = run_spec(doc)
+    except UsageError as error:                          # name the file, as the JSON errors do
+        where = "stdin" if args.spec == "-" else args.spec
+        raise type(error)(f"{where}: {error}", error.field) from None
     text = json.dumps(result, indent=args.indent, ensure_ascii=False, allow_nan=False)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
