@@ -298,11 +298,14 @@ class LabAPI:
         encoding = lab.source.analyse(source)
         if not encoding.units:
             raise ApiError(400, "source has no units after splitting", "source")
+        _limit("source: units", len(encoding.units), "MAX_SENTENCE_TOKENS", "source")
         limit = lab.model.cfg.max_len
         if len(encoding.units) > limit:
             raise ApiError(400, f"source has {len(encoding.units)} units; the model takes at most {limit}",
                            "source")
         target_ids = lab.target.encode(target) if target is not None else None
+        if target_ids is not None:
+            _limit("target: tokens", len(target_ids), "MAX_SENTENCE_TOKENS", "target")
         if target_ids is not None and len(target_ids) + 1 > limit:
             raise ApiError(400, f"target has {len(target_ids)} tokens; the model takes at most {limit - 1}",
                            "target")
