@@ -109,10 +109,10 @@ def test_checkpoint_layout_keep_k_and_best(tmp_path):
 def test_loading_never_unpickles(tmp_path, monkeypatch):
     from glassformer.translation.tokenize import SourceTokenizer, TargetTokenizer
 
-    model = _tiny()
     src = SourceTokenizer.train([["我", "好"], ["你", "好"]])
     tgt = TargetTokenizer.train(["I am well", "you are well"], vocab_size=120)
-    cfg = model.cfg.replace(src_vocab=50, tgt_vocab=40)
+    model = Transformer(ModelConfig.tiny(src_vocab=src.vocab_size, tgt_vocab=tgt.vocab_size))
+    cfg = model.cfg
     ck.save_run_files(tmp_path, cfg, {"seed": 1}, src, tgt)
     ck.save_checkpoint(tmp_path, model, torch.optim.Adam(model.parameters()), {"step": 1}, keep=1)
     for name in (ck.CONFIG, ck.VOCAB, ck.STATE):

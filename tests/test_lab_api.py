@@ -201,7 +201,7 @@ def test_sentence_input_errors_name_the_field(api):
         ({}, "source"),
         ({"source": ""}, "source"),
         ({"source": 3}, "source"),
-        ({"source": "我" * 5000}, "source"),
+        ({"source": "我／给／他", "target": "\ud800"}, "target"),
         ({"source": "我／给／他", "target": 7}, "target"),
         ({"source": "我／给／他", "positions": "yes"}, "positions"),
         ({"source": "我／给／他", "top_k": 0}, "top_k"),
@@ -212,6 +212,10 @@ def test_sentence_input_errors_name_the_field(api):
         with pytest.raises(ApiError) as info:
             api.sentence(body)
         assert (info.value.status, info.value.field) == (400, field), body
+        assert "\n" not in info.value.message
+    with pytest.raises(ApiError) as info:
+        api.sentence({"source": "我" * 5000})
+    assert (info.value.status, info.value.field) == (413, "source") and "MAX_SOURCE_CHARS" in info.value.message
 
 
 def test_masks_follow_the_lessons_batch(api):
@@ -409,7 +413,14 @@ def test_cross_site_posts_are_refused(server):
 def test_a_loopback_server_refuses_other_host_names(server):
     status, _, body = request(server, "GET", "/api/info", headers={"Host": "evil.example:8765"})
     assert status == 403 and json.loads(body)["field"] == "host"
-    assert request(server, "GET", "/api/info", headers={"Host": "localhost"})[0] == 200
+    port = server.server_address[1]
+    for name in ("localhost", "127.0.0.1", "[::1]"):
+        assert request(server, "GET", "/api/info", headers={"Host": f"{name}:{port}"})[0] == 200
+    # DNS rebinding: names that merely start like a loopback address, another port, no port
+    for host in (f"127.evil.example:{port}", f"127.0.0.1.nip.io:{port}", f"localhost:{port + 1}", "localhost",
+                 f"localhost.:{port}", ""):
+        status, _, body = request(server, "GET", "/api/info", headers={"Host": host})
+        assert status == 403 and json.loads(body)["field"] == "host", host
 
 
 def test_trace_over_http_equals_run_spec(server):

@@ -10,10 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from glassformer import limits
 from glassformer.errors import UsageError
 from glassformer.lesson.examples import block_spec
 from glassformer.lesson.reference import max_difference, run_reference
 from glassformer.lesson.spec import SpecError, run_spec, validate_spec
+from glassformer.limits import LimitError
 
 DATA = Path(__file__).parent / "data"
 
@@ -242,8 +244,8 @@ DELETE = object()
 BAD = [
     # (document, words the message must contain)
     pytest.param([1, 2], ["spec", "JSON object"], id="not-an-object"),
-    pytest.param(_with("x", DELETE), ["spec", "missing", "'x'"], id="missing-x"),
-    pytest.param(_with("self_attention.heads[0].w_k", DELETE), ["self_attention.heads[0]", "'w_k'"],
+    pytest.param(_with("x", DELETE), ["x: missing required key"], id="missing-x"),
+    pytest.param(_with("self_attention.heads[0].w_k", DELETE), ["self_attention.heads[0].w_k: missing"],
                  id="missing-w_k"),
     pytest.param(_with("colour", "red"), ["colour", "unknown key"], id="unknown-top"),
     pytest.param(_with("ffn.w_3", [[1.0]]), ["ffn.w_3", "unknown key"], id="unknown-nested"),
@@ -255,9 +257,9 @@ BAD = [
     pytest.param(_with("norm", "middle"), ["norm", "'middle'"], id="norm"),
     pytest.param(_with("mask", "triangle"), ["mask", "'triangle'"], id="mask-word"),
     pytest.param(_with("ffn.activation", "gelu"), ["ffn.activation", "'gelu'"], id="activation"),
-    pytest.param(_with("eps", -1e-5), ["eps", "negative"], id="negative-eps"),
-    pytest.param(_with("x", []), ["x", "no rows"], id="no-rows"),
-    pytest.param(_with("self_attention.heads", []), ["self_attention.heads", "no heads"], id="no-heads"),
+    pytest.param(_with("eps", -1e-5), ["eps", "negative", "-1e-05"], id="negative-eps"),
+    pytest.param(_with("x", []), ["x: empty"], id="no-rows"),
+    pytest.param(_with("self_attention.heads", []), ["self_attention.heads: empty"], id="no-heads"),
     pytest.param(_with("x", [[1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0]]), ["x[1]", "ragged"], id="ragged"),
     pytest.param(_with("self_attention.heads[1].w_k", [[0.0] * 3] * 4),
                  ["self_attention.heads[1].w_k", "expected 4×2 (d×d_k)", "got 4×3"], id="d_k-mismatch"),
@@ -319,3 +321,61 @@ def test_json_nan_literal_is_rejected():
     doc = json.loads(json.dumps(block_spec()).replace("[1.0, 0.0, 1.0, 0.0]", "[1.0, NaN, 1.0, 0.0]", 1))
     with pytest.raises(SpecError, match=r"x\[0\]\[1\]: non-finite"):
         run_spec(doc)
+
+
+# ---- the field travels with the error; work limits come before any allocation -------------------
+
+@pytest.mark.parametrize("doc, field", [
+    (_with("self_attention.heads[1].w_k", [[0.0] * 3] * 4), "self_attention.heads[1].w_k"),
+    (_with("x[1][0]", "1"), "x[1][0]"),
+    (_with("mask", [[True, 1, True]] * 3), "mask[0][1]"),
+    (_with("ffn.w_3", [[1.0]]), "ffn.w_3"),
+    (_with("ffn", DELETE), "ffn"),
+    ([1], "spec"),
+])
+def test_spec_error_carries_the_field(doc, field):
+    with pytest.raises(SpecError) as info:
+        validate_spec(doc)
+    assert info.value.field == field
+
+
+def _attention(n: int, m: int, d_k: int) -> dict:
+    return {"version": 1, "kind": "attention", "q": [[0.5] * d_k] * n, "k": [[0.25] * d_k] * m,
+            "v": [[1.0] * d_k] * m}
+
+
+@pytest.mark.parametrize("doc, limit", [
+    (_attention(1, 1, 6000), "MAX_SPEC_WIDTH"),            # one 6,000-number row once took 2 GB
+    (_attention(1500, 1500, 1), "MAX_SPEC_ROWS"),          # 1,500 rows once answered 67 MB after 32 s
+    (_with("x", [[1.0, 0.0, 1.0, 0.0]] * 300), "MAX_SPEC_ROWS"),
+])
+def test_work_limits_refuse_before_allocating(doc, limit):
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        with pytest.raises(LimitError) as info:
+            run_spec(doc)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert limit in str(info.value) and info.value.status == 413
+    assert peak < 20 << 20                                  # nothing close to the n×m or d_k² tables
+
+
+def test_heads_and_elements_limits():
+    spec = block_spec()
+    spec["self_attention"]["heads"] = spec["self_attention"]["heads"] * 20     # 40 heads
+    with pytest.raises(LimitError, match="MAX_SPEC_HEADS"):
+        validate_spec(spec)
+    with pytest.raises(LimitError, match="MAX_MATRIX_ELEMENTS") as info:        # 200 × 400 = 80,000 numbers
+        validate_spec(_attention(200, 2, 400))
+    assert info.value.field == "q"
+
+
+def test_lifted_limits_run_a_larger_spec():
+    doc = _attention(300, 2, 1)                             # over MAX_SPEC_ROWS by 44 rows
+    with pytest.raises(LimitError):
+        run_spec(doc)
+    with limits.lifted():
+        out = run_spec(doc)
+    assert len(out["weights"]) == 300 and out["weights"][0] == [0.5, 0.5]

@@ -7,10 +7,12 @@ imported only when that sub-command runs (so `glassformer trace` never loads the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import sys
 
+from . import limits
 from .errors import UsageError
 
 # name -> (module, help). The module defines add_<name>_arguments(parser) and <name>_command(args).
@@ -46,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
         adder = getattr(mod, f"add_{name}_arguments", None)
         if adder is not None:
             adder(p)
+        p.add_argument("--no-limits", action="store_true",
+                       help="lift the work limits (docs/limits.md) for trusted local input")
     return parser
 
 
@@ -58,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     module, _ = COMMANDS[args.command]
     command = getattr(importlib.import_module(module), f"{args.command}_command")
     try:
-        return int(command(args) or 0)
+        with contextlib.nullcontext() if not args.no_limits else limits.lifted():
+            return int(command(args) or 0)
     except UsageError as error:
         print(f"glassformer {args.command}: error: {error}", file=sys.stderr)
         return 2
@@ -67,6 +72,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except json.JSONDecodeError as error:
         print(f"glassformer {args.command}: error: invalid JSON: {error}", file=sys.stderr)
+        return 2
+    except (NotADirectoryError, FileExistsError) as error:
+        print(f"glassformer {args.command}: error: {error.strerror}: {error.filename}", file=sys.stderr)
+        return 2
+    except UnicodeDecodeError as error:
+        print(f"glassformer {args.command}: error: input is not UTF-8 text (byte 0x{error.object[error.start]:02x} "
+              f"at offset {error.start})", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(f"glassformer {args.command}: error: out of memory (the input is too large for this machine)",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"glassformer {args.command}: interrupted", file=sys.stderr)

@@ -1,8 +1,9 @@
 """The lab's JSON API, independent of HTTP: one method per endpoint, plain dicts in and out.
 
 Endpoints (documented in docs/lab.md): POST /api/trace, GET /api/block, POST /api/sentence,
-GET /api/masks, GET /api/verify, POST /api/patch, GET /api/info. Bad input raises `ApiError` (status 400 and the
-offending field); the server turns it into {"error": ..., "field": ...}. The model is shared by
+GET /api/masks, GET /api/verify, POST /api/patch, GET /api/info. Bodies are checked by glassformer.validation; bad
+input raises `ApiError` (status 400, or 413 over a limit of glassformer.limits, and the offending
+field); the server turns it into {"error": ..., "field": ...}. The model is shared by
 every request thread, so each use of it holds `LabAPI.lock` and runs under torch.inference_mode.
 """
 
@@ -10,23 +11,25 @@ from __future__ import annotations
 
 import copy
 import math
-import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import BeforeValidator, Field
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from .. import __version__
+from .. import __version__, limits
 from ..errors import UsageError
 from ..lesson import examples
 from ..lesson.views import lesson_batch, next_token_walk, walk_inputs
 from ..model import ModelConfig, Recording, Transformer
 from ..translation.decode import greedy, output_limits
+from ..translation.patching import MAX_CORRUPT, lesson_patching
 from ..translation.tokenize import BOS, EOS, PAD, SPECIAL_TOKENS, SourceTokenizer, TargetTokenizer, Vocab
+from ..validation import Schema, Text, type_name, validate
 
 DEFAULT_MODEL_DIR = "runs/default"
 DEFAULT_SOURCE = "我／昨天／给／了／他／一／本／书／。"
@@ -34,9 +37,9 @@ DEFAULT_TARGET = "I gave him a book yesterday."
 SWAP_PAIR = ("我", "他")                      # claim C2: 我给他 is not 他给我
 PATCH_CORRUPT = "我／昨天／给／了／她／一／本／书／。"   # 他 → 她: does `him` still come out?
 BLOCK_TOKENS = ("我", "给", "书")             # the positions the lesson's BLOCK rows stand for
-MAX_SOURCE_CHARS = 400
-MAX_TARGET_CHARS = 800
-MAX_TOP_K = 20
+MAX_SOURCE_CHARS = limits.MAX_SOURCE_CHARS
+MAX_TARGET_CHARS = limits.MAX_TARGET_CHARS
+MAX_TOP_K = limits.MAX_TOP_K
 UNTRAINED_SEED = 0
 
 
@@ -142,17 +145,47 @@ def load_model(model_dir: str | Path | None, *, required: bool = False) -> LabMo
 
 
 # ---- request checking --------------------------------------------------------------------------
-def _check_keys(body: Any, allowed: dict[str, bool], where: str = "body") -> dict:
-    """`body` must be a JSON object with only `allowed` keys (name -> required)."""
+class SentenceBody(Schema):
+    """POST /api/sentence: the source (Chinese), an optional target (English), two view switches."""
+
+    source: Text
+    target: Text | None = None
+    positions: bool = True
+    top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K)] = 5
+
+
+def _one_or_many(value: Any) -> Any:
+    """A single sentence stands for a list of one."""
+    return [value] if isinstance(value, str) else value
+
+
+class PatchBody(Schema):
+    """POST /api/patch: the clean sentence, one or more corrupted ones, the target and the word to predict."""
+
+    clean: Text = DEFAULT_SOURCE
+    corrupt: Annotated[list[Text], BeforeValidator(_one_or_many), Field(min_length=1, max_length=MAX_CORRUPT)] = (
+        [PATCH_CORRUPT])
+    target: Text = DEFAULT_TARGET
+    predict: Text = "him"
+    positions: bool = True
+
+
+def _body(schema: type[Schema], body: Any) -> Any:
+    """`body` checked against `schema`; anything wrong is ApiError 400 naming the field ("body" when whole)."""
     if not isinstance(body, dict):
-        raise ApiError(400, f"{where} must be a JSON object, got {type(body).__name__}", where)
-    for key in body:
-        if key not in allowed:
-            raise ApiError(400, f"unknown field {key!r}; allowed: {', '.join(allowed)}", key)
-    for key, required in allowed.items():
-        if required and key not in body:
-            raise ApiError(400, f"missing required field {key!r}", key)
-    return body
+        raise ApiError(400, f"body must be a JSON object, got {type_name(body)}", "body")
+    try:
+        return validate(schema, body, "body")
+    except UsageError as error:
+        raise ApiError(400, str(error), error.field or "body") from None
+
+
+def _limit(what: str, value: int, limit: str, field: str) -> None:
+    """glassformer.limits.check as an ApiError 413."""
+    try:
+        limits.check(what, value, limit, field)
+    except limits.LimitError as error:
+        raise ApiError(error.status, str(error), field) from None
 
 
 def _round(value: float, digits: int = 6) -> float | None:
@@ -197,7 +230,8 @@ class LabAPI:
         self._run_spec = run_spec
         self._run_claims = run_claims
         self.lock = threading.Lock()            # guards the shared model while it runs
-        self._load_lock = threading.Lock()      # guards the lazily loaded model and the claims table
+        self._load_lock = threading.Lock()      # guards the lazily loaded model
+        self._verify_lock = threading.Lock()    # guards the claims table (apart: /api/info must not wait on it)
         self._verify_cache: dict | None = None
 
     # -- dependencies, loaded when first needed
@@ -244,7 +278,7 @@ class LabAPI:
         try:
             return finite_json(run_spec(doc))
         except UsageError as error:
-            raise ApiError(400, str(error), getattr(error, "field", None) or _field_of(str(error))) from None
+            raise ApiError(error.status, str(error), error.field) from None
 
     # -- GET /api/block
     def block(self) -> dict:
@@ -255,35 +289,28 @@ class LabAPI:
     # -- POST /api/sentence
     def sentence(self, body: Any) -> dict:
         """One sentence through the translator: every attention table and each target row's next tokens."""
-        body = _check_keys(body, {"source": True, "target": False, "positions": False, "top_k": False})
-        source = body["source"]
-        if not isinstance(source, str) or not source.strip():
+        request = _body(SentenceBody, body)
+        source, target, positions, top_k = request.source, request.target, request.positions, request.top_k
+        if not source.strip():
             raise ApiError(400, "source must be a non-empty string of Chinese text", "source")
-        if len(source) > MAX_SOURCE_CHARS:
-            raise ApiError(400, f"source is {len(source)} characters; the limit is {MAX_SOURCE_CHARS}", "source")
-        target = body.get("target")
-        if target is not None and not isinstance(target, str):
-            raise ApiError(400, "target must be a string or null", "target")
-        if target is not None and len(target) > MAX_TARGET_CHARS:
-            raise ApiError(400, f"target is {len(target)} characters; the limit is {MAX_TARGET_CHARS}", "target")
-        if target is not None and not target.strip():
-            target = None
-        positions = body.get("positions", True)
-        if not isinstance(positions, bool):
-            raise ApiError(400, "positions must be true or false", "positions")
-        top_k = body.get("top_k", 5)
-        if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= MAX_TOP_K:
-            raise ApiError(400, f"top_k must be an integer in [1, {MAX_TOP_K}]", "top_k")
+        _limit("source: characters", len(source), "MAX_SOURCE_CHARS", "source")
+        if target is not None:
+            _limit("target: characters", len(target), "MAX_TARGET_CHARS", "target")
+            if not target.strip():
+                target = None
 
         lab = self.lab_model
         encoding = lab.source.analyse(source)
         if not encoding.units:
             raise ApiError(400, "source has no units after splitting", "source")
+        _limit("source: units", len(encoding.units), "MAX_SENTENCE_TOKENS", "source")
         limit = lab.model.cfg.max_len
         if len(encoding.units) > limit:
             raise ApiError(400, f"source has {len(encoding.units)} units; the model takes at most {limit}",
                            "source")
         target_ids = lab.target.encode(target) if target is not None else None
+        if target_ids is not None:
+            _limit("target: tokens", len(target_ids), "MAX_SENTENCE_TOKENS", "target")
         if target_ids is not None and len(target_ids) + 1 > limit:
             raise ApiError(400, f"target has {len(target_ids)} tokens; the model takes at most {limit - 1}",
                            "target")
@@ -308,7 +335,7 @@ class LabAPI:
     # -- GET /api/verify
     def verify(self) -> dict:
         """The claims table (computed once per server, then served from memory)."""
-        with self._load_lock:
+        with self._verify_lock:
             if self._verify_cache is None:
                 from ..lesson import claims
                 table = claims.as_json((self._run_claims or claims.run_all)())
@@ -320,28 +347,14 @@ class LabAPI:
     # -- POST /api/patch
     def patch(self, body: Any) -> dict:
         """Activation patching at the `gave` row: each cross-attention head and encoder position, clean → corrupted."""
-        from ..translation import patching
-        body = _check_keys(body, {"clean": False, "corrupt": False, "target": False, "predict": False,
-                                  "positions": False})
-        corrupt = body.get("corrupt", [PATCH_CORRUPT])
-        if isinstance(corrupt, str):
-            corrupt = [corrupt]
-        if not isinstance(corrupt, list) or not all(isinstance(c, str) for c in corrupt):
-            raise ApiError(400, "corrupt must be a sentence or a list of sentences", "corrupt")
-        positions = body.get("positions", True)
-        if not isinstance(positions, bool):
-            raise ApiError(400, "positions must be true or false", "positions")
+        request = _body(PatchBody, body)
         lab = self.lab_model
         try:
             with self.lock, torch.inference_mode():
-                result = patching.lesson_patching(lab.model, lab.source, lab.target, body.get("clean", DEFAULT_SOURCE),
-                                                  corrupt, body.get("target", DEFAULT_TARGET),
-                                                  body.get("predict", patching.DEFAULT_PREDICT), positions=positions)
+                result = lesson_patching(lab.model, lab.source, lab.target, request.clean, request.corrupt,
+                                                  request.target, request.predict, positions=request.positions)
         except UsageError as error:
-            message = str(error)
-            field = message.split(":", 1)[0].split("[", 1)[0] if ":" in message else None
-            raise ApiError(400, message, field if field in {"clean", "corrupt", "target", "predict", "positions"}
-                           else None) from None
+            raise ApiError(error.status, str(error), error.field) from None
         return {"model": self.describe(lab), **finite_json(result)}
 
     # -- GET /api/info
@@ -369,17 +382,6 @@ class LabAPI:
             "src_vocab": cfg.src_vocab,
             "tgt_vocab": cfg.tgt_vocab,
         }
-
-
-def _field_of(message: str) -> str | None:
-    """The field a one-line spec error names: the path before the first colon (plus a missing key)."""
-    head = message.split(":", 1)[0].strip().split(" ")[0].strip("'\"`")
-    if not head or not all(ch.isalnum() or ch in "._[]" for ch in head):
-        return None
-    missing = re.search(r"missing required key '([^']+)'", message)
-    if missing:
-        return missing.group(1) if head == "spec" else f"{head}.{missing.group(1)}"
-    return head
 
 
 ATTENTION_PROBES = ("encoder.*.self_attention.head.*.weights", "decoder.*.self_attention.head.*.weights",

@@ -18,7 +18,11 @@ def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
                         help="trained model folder (default: runs/default if it exists, else a seeded "
                              "untrained model, labelled as such)")
     parser.add_argument("--host", default="127.0.0.1",
-                        help="address to bind (default 127.0.0.1: this machine only)")
+                        help="address to bind (default 127.0.0.1: this machine only; any other needs --expose)")
+    parser.add_argument("--expose", action="store_true",
+                        help="allow binding a non-loopback address: anyone who can reach it can use the lab")
+    parser.add_argument("--allow-host", metavar="NAME", action="append", default=[],
+                        help="with --expose: a host name browsers use to reach the lab (repeatable)")
     parser.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 = any free port)")
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser window")
     parser.add_argument("--export", metavar="FILE", default=None,
@@ -38,13 +42,19 @@ def lab_command(args: argparse.Namespace) -> int:
         size = write_export(api, args.export)
         print(f"wrote {args.export} ({size / 1024:.0f} KiB): open it in a browser, no server needed")
         return 0
-    from .server import make_server
+    from .server import is_loopback, make_server
+    if args.allow_host and not args.expose:
+        raise UsageError("--allow-host only applies with --expose (a loopback lab answers to loopback names)")
     try:
-        server = make_server(api, args.host, args.port, quiet=False)
+        server = make_server(api, args.host, args.port, quiet=False, expose=args.expose,
+                             allow_hosts=tuple(args.allow_host))
     except OSError as error:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {error.strerror}") from None
     label = api.describe(model)["label"]["en"]
     print(f"glassformer lab: {server.url}  (model: {label})", flush=True)
+    if not is_loopback(args.host):
+        print(f"warning: the lab listens on {args.host}, not only on this machine: anyone who can reach "
+              f"{server.url} can read the model and run computations on it", file=sys.stderr, flush=True)
     print("press Ctrl+C to stop", file=sys.stderr, flush=True)
     if not args.no_browser:
         webbrowser.open(server.url)

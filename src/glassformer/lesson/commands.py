@@ -10,8 +10,10 @@ import unicodedata
 import numpy as np
 import torch
 
+from .. import limits
 from ..errors import UsageError
 from ..inference.threads import lesson_threads
+from ..validation import load_json
 from . import claims
 from . import examples as ex
 from .spec import SpecError, run_spec
@@ -28,17 +30,14 @@ def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def read_spec(path: str) -> object:
-    """Parse a spec file (or stdin for '-'); malformed JSON is a SpecError naming the place."""
-    if path == "-":
-        text = sys.stdin.read()
-    else:
-        with open(path, encoding="utf-8-sig") as f:
-            text = f.read()
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        where = "stdin" if path == "-" else path
-        raise SpecError(f"{where}: invalid JSON at line {error.lineno} column {error.colno}: {error.msg}") from None
+    """Parse a spec file (or stdin for '-'): size, encoding, JSON and nesting problems are one SpecError line."""
+    where = "stdin" if path == "-" else path
+    with (open(sys.stdin.fileno(), "rb", closefd=False) if path == "-" else open(path, "rb")) as f:
+        raw = f.read(limits.MAX_SPEC_FILE_BYTES + 1)
+    if len(raw) > limits.MAX_SPEC_FILE_BYTES:
+        limits.check(f"{where}: size in bytes", len(raw), "MAX_SPEC_FILE_BYTES")
+        raw += f.read()
+    return load_json(raw, where, error_type=SpecError)
 
 
 def trace_command(args: argparse.Namespace) -> int:
@@ -46,7 +45,11 @@ def trace_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--indent: expected N >= 0, got {args.indent}")
     doc = read_spec(args.spec)
     torch.set_num_threads(lesson_threads())
-    result = run_spec(doc)
+    try:
+        result = run_spec(doc)
+    except UsageError as error:                          # name the file, as the JSON errors do
+        where = "stdin" if args.spec == "-" else args.spec
+        raise type(error)(f"{where}: {error}", error.field) from None
     text = json.dumps(result, indent=args.indent, ensure_ascii=False, allow_nan=False)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:

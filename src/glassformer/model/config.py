@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
 from dataclasses import dataclass
+
+from pydantic import Field
+
+from .. import limits
+from ..errors import UsageError
+from ..validation import validate
 
 NORMS = ("post", "pre")
 POSITIONS = ("sinusoidal", "learned", "relative", "rope", "none")
 FAMILIES = ("encoder-decoder", "encoder-only", "decoder-only")
 ATTENTION_PATHS = ("fast", "glass")
+
+
+class ConfigError(UsageError):
+    """A model configuration with a wrong type, an unknown key or an out-of-range size (a ValueError)."""
 
 
 @dataclass
@@ -42,6 +54,7 @@ class ModelConfig:
     pad_id: int = 0                # token id of PAD (used when padding flags are not given)
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if self.d_k is None:
             self.d_k = self.d_model // self.heads if self.heads > 0 else 0
         if self.d_v is None:
@@ -74,6 +87,7 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.d_k must be even for rope positions, got {self.d_k}")
         if self.family == "encoder-decoder" and (self.encoder_layers == 0 or self.decoder_layers == 0):
             raise ValueError("ModelConfig.encoder_layers and decoder_layers must be >= 1 for encoder-decoder")
+        _check_limits(self)
 
     @property
     def use_final_norm(self) -> bool:
@@ -88,13 +102,21 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> ModelConfig:
-        """Build from a JSON dict; unknown keys are an error naming the key."""
+    def from_dict(cls, data: dict, source: str = "ModelConfig") -> ModelConfig:
+        """Build from a JSON dict; a wrong type, an unknown key or a size over a limit is a ConfigError
+        (a ValueError) naming `source` and the field."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: expected an object of model settings, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(set(data) - known, key=str)
         if unknown:
-            raise ValueError(f"ModelConfig: unknown field {unknown[0]!r}")
-        return cls(**data)
+            raise ConfigError(f"{source}: unknown field {unknown[0]!r}", str(unknown[0]))
+        try:
+            return cls(**data)
+        except ConfigError as error:
+            raise ConfigError(f"{source}: {str(error).removeprefix('ModelConfig.')}", error.field) from None
+        except ValueError as error:
+            raise ConfigError(f"{source}: {str(error).removeprefix('ModelConfig.')}") from None
 
     # ---- presets -------------------------------------------------------------------------
     @classmethod
@@ -111,3 +133,51 @@ class ModelConfig:
 
 
 PRESETS = {"base": ModelConfig.base, "tiny": ModelConfig.tiny}
+
+
+# ---- checks through glassformer.validation and glassformer.limits --------------------------------
+_FINITE = typing.Annotated[float, Field(allow_inf_nan=False)]
+
+
+@functools.cache
+def _field_types() -> dict[str, object]:
+    """Each field's declared type (floats must be finite) for the validation layer."""
+    hints = typing.get_type_hints(ModelConfig)
+    return {name: (_FINITE if hint is float else hint) for name, hint in hints.items()}
+
+
+def _check_types(cfg: ModelConfig) -> None:
+    """Every field has its declared type (no "128" for 128, no true for 1, no "x" for a number)."""
+    for name, hint in _field_types().items():
+        try:
+            validate(hint, getattr(cfg, name), f"ModelConfig.{name}", error_type=ConfigError)
+        except ConfigError as error:
+            raise ConfigError(str(error), name) from None
+
+
+_SIZE_LIMITS = {"d_model": "MAX_D_MODEL", "heads": "MAX_HEADS", "d_k": "MAX_D_FF", "d_v": "MAX_D_FF",
+                "d_ff": "MAX_D_FF", "encoder_layers": "MAX_LAYERS", "decoder_layers": "MAX_LAYERS",
+                "max_len": "MAX_LEN", "relative_clip": "MAX_LEN", "src_vocab": "MAX_VOCAB", "tgt_vocab": "MAX_VOCAB"}
+
+
+def parameter_count(cfg: ModelConfig) -> int:
+    """Parameters a Transformer of `cfg` has (counted from the sizes, before anything is allocated)."""
+    d, h = cfg.d_model, cfg.heads
+    attention = d * h * (2 * cfg.d_k + cfg.d_v) + h * cfg.d_v * d + (h * (2 * cfg.d_k + cfg.d_v) + d)
+    ffn = 2 * d * cfg.d_ff + cfg.d_ff + d
+    norms = 2 * d
+    embeddings = (cfg.src_vocab + cfg.tgt_vocab) * d + (0 if cfg.tie_target else cfg.tgt_vocab * (d + 1))
+    positions = cfg.max_len * d if cfg.positions == "learned" else 0
+    encoder = cfg.encoder_layers * (attention + ffn + 2 * norms)
+    decoder = cfg.decoder_layers * (2 * attention + ffn + 3 * norms)
+    return embeddings + positions + encoder + decoder + 2 * norms + cfg.tgt_vocab
+
+
+def _check_limits(cfg: ModelConfig) -> None:
+    """Sizes within glassformer.limits (lifted by --no-limits), then the whole model's parameter count."""
+    try:
+        for name, limit in _SIZE_LIMITS.items():
+            limits.check(f"ModelConfig.{name}", getattr(cfg, name), limit, name)
+        limits.check("ModelConfig: parameters", parameter_count(cfg), "MAX_PARAMETERS")
+    except limits.LimitError as error:
+        raise ConfigError(str(error), error.field) from None

@@ -26,12 +26,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_file, save_model
 from torch import nn
 
+from .. import limits
 from ..errors import UsageError
 from ..model import ModelConfig, Transformer
+from ..validation import Schema, load_json, validate
 from .tokenize import SourceTokenizer, TargetTokenizer
 
 CONFIG, VOCAB, STATE = "config.json", "vocab.json", "state.json"
@@ -251,23 +253,110 @@ def weights_path(folder: str | Path) -> Path:
     raise UsageError(f"{folder}: no {MODEL} (training has not saved a checkpoint yet)")
 
 
+class ConfigFile(Schema):
+    """config.json: the model's ModelConfig fields and the settings it was trained with."""
+
+    model: dict
+    train: dict = {}
+
+
+class VocabFile(Schema):
+    """vocab.json: both tokenizers, as their to_dict() wrote them."""
+
+    source: dict
+    target: dict
+
+
+def read_run_json(path: Path, limit: str) -> Any:
+    """A run folder's JSON file: its size within `limit` (glassformer.limits) before reading, one line per problem."""
+    limits.check(f"{path}: size in bytes", path.stat().st_size, limit)
+    return load_json(path.read_bytes(), str(path))
+
+
+def weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape from a safetensors header (no tensor is read); a broken file is one UsageError."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    except (SafetensorError, OSError, ValueError) as error:
+        detail = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UsageError(f"{path}: not a readable safetensors file ({detail})") from None
+
+
+RETIRED_CONFIG_KEYS = ("activation", "extra")   # config.json keys of earlier folders, ignored on loading
+
+
+def check_weights(path: Path, cfg: ModelConfig) -> None:
+    """The file's tensors against the shapes `cfg` implies (a model built on the meta device: no memory)."""
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in Transformer(cfg).state_dict().items()}
+    for name in [k for k in expected if k.endswith(".q_proj.weight")]:   # earlier folders: one fused in_proj
+        prefix, q, kv = name[: -len("q_proj.weight")], expected[name], expected[name.replace("q_proj", "kv_proj")]
+        expected[prefix + "in_proj.weight"] = (q[0] + kv[0], q[1])
+        if prefix + "q_proj.bias" in expected:
+            expected[prefix + "in_proj.bias"] = (q[0] + kv[0],)
+    found = weight_shapes(path)
+    for name, shape in found.items():
+        if name not in expected:
+            raise UsageError(f"{path}: tensor {name!r} is not part of the model config.json describes")
+        if shape != expected[name]:
+            raise UsageError(f"{path}: tensor {name} has shape {list(shape)}; config.json implies "
+                             f"{list(expected[name])}")
+    if not found:
+        raise UsageError(f"{path}: holds no tensors")
+
+
 def load_translator_parts(folder: str | Path, device: str | torch.device = "cpu"
                           ) -> tuple[Transformer, SourceTokenizer, TargetTokenizer, dict[str, Any]]:
-    """Model (eval mode), source and target tokenizers, and config.json of a model folder."""
+    """Model (eval mode), source and target tokenizers, and config.json of a model folder.
+
+    Everything is checked before the model is allocated: config.json's types and sizes (the
+    validation layer and glassformer.limits), vocab.json against the embedding sizes, and the
+    safetensors header's tensor shapes against the config. Any problem is one UsageError line.
+    """
     folder = Path(folder)
     if not folder.exists():
         raise UsageError(f"model folder {folder} does not exist; train one with `make demo` "
                          "or `glassformer train --out DIR`")
     root = find_run_root(folder)
-    config = read_json(root / CONFIG)
-    vocab = read_json(root / VOCAB)
+    config = validate(ConfigFile, read_run_json(root / CONFIG, "MAX_CONFIG_BYTES"), str(root / CONFIG))
     # Folders written before ModelConfig dropped `activation` (always "relu") and `extra` still load;
     # their cross-attention weights (one fused in_proj) are split by CrossAttention on loading.
-    cfg = ModelConfig.from_dict({k: v for k, v in config["model"].items() if k not in ("activation", "extra")})
+    settings = {k: v for k, v in config.model.items() if k not in RETIRED_CONFIG_KEYS}
+    cfg = ModelConfig.from_dict(settings, f"{root / CONFIG}: model")
+    vocab = validate(VocabFile, read_run_json(root / VOCAB, "MAX_VOCAB_BYTES"), str(root / VOCAB))
+    source, target = _tokenizers(root / VOCAB, vocab)
+    for side, size, want in (("source", source.vocab_size, cfg.src_vocab), ("target", target.vocab_size,
+                                                                            cfg.tgt_vocab)):
+        if size != want:
+            field = "src_vocab" if side == "source" else "tgt_vocab"
+            raise UsageError(f"{root / VOCAB}: the {side} vocabulary has {size} entries; config.json's "
+                             f"model.{field} is {want} (the files do not belong together)")
+    weights = weights_path(folder)
+    check_weights(weights, cfg)
     model = Transformer(cfg)
-    load_weights(model, weights_path(folder))
+    try:
+        load_weights(model, weights)
+    except (SafetensorError, ValueError, RuntimeError) as error:
+        raise UsageError(f"{weights}: {str(error).splitlines()[0]}") from None
     model.to(device).eval()
-    return model, SourceTokenizer.from_dict(vocab["source"]), TargetTokenizer.from_dict(vocab["target"]), config
+    return model, source, target, {"model": config.model, "train": config.train}
+
+
+def _tokenizers(path: Path, vocab: VocabFile) -> tuple[SourceTokenizer, TargetTokenizer]:
+    """Both tokenizers of vocab.json; a malformed entry is one UsageError naming the side."""
+    try:
+        source = SourceTokenizer.from_dict(vocab.source)
+    except Exception as error:  # untrusted file: any failure to rebuild is the file's fault
+        raise UsageError(f"{path}: source: not a source tokenizer ({type(error).__name__}: "
+                         f"{str(error).splitlines()[0] if str(error) else ''})") from None
+    try:
+        target = TargetTokenizer.from_dict(vocab.target)
+    except Exception as error:  # the tokenizers library raises plain Exception for a malformed string
+        raise UsageError(f"{path}: target: not a target tokenizer ({type(error).__name__}: "
+                         f"{str(error).splitlines()[0][:200] if str(error) else ''})") from None
+    limits.check(f"{path}: source vocabulary entries", source.vocab_size, "MAX_VOCAB")
+    return source, target
 
 
 def average_into(model: nn.Module, paths: list[str | Path]) -> None:

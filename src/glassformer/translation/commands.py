@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+from .. import limits
 from ..errors import UsageError
 
 DEFAULT_MODEL = "runs/default"
@@ -53,6 +54,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
 # ---- train ---------------------------------------------------------------------------------
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     from_recipe = "(default: from the preset)"
@@ -83,13 +94,15 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"average the last K epoch checkpoints at the end {from_recipe}")
     parser.add_argument("--seed", type=int, help="random seed (default 1)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out where it stopped")
-    parser.add_argument("--keep", type=int, help="step checkpoints to keep (default 3)")
+    parser.add_argument("--keep", type=_non_negative, help="step checkpoints to keep (default 3; 0 = none)")
     parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu or cuda")
     parser.add_argument("--threads", type=_positive,
                         help="CPU threads per process (default 2, split between DDP ranks)")
     parser.add_argument("--limit", type=_positive, help="use only the first N training pairs (tests)")
-    parser.add_argument("--log-every", type=_positive, help="steps between metrics.jsonl lines (default 10)")
-    parser.add_argument("--no-eval", action="store_true", help="skip the dev BLEU after each epoch")
+    parser.add_argument("--log-every", type=_positive,
+                        help="steps between metrics.jsonl lines (default 10; kept on --resume)")
+    parser.add_argument("--eval", action=argparse.BooleanOptionalAction, default=None,
+                        help="the dev BLEU after each epoch (default on; --no-eval is kept on --resume)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -113,6 +126,7 @@ def add_translate_arguments(parser: argparse.ArgumentParser) -> None:
 def translate_command(args) -> int:
     from .decode import DEFAULT_ALPHA, Translator
 
+    limits.check("--beam", args.beam, "MAX_BEAM")
     translator = Translator.load(_model_dir(args), _device(args.device))
     translator.batch_size = args.batch_size
     alpha = DEFAULT_ALPHA if args.alpha is None else args.alpha
@@ -146,6 +160,7 @@ def evaluate_command(args) -> int:
     from .decode import DEFAULT_ALPHA, Translator
     from .evaluate import evaluate_pairs
 
+    limits.check("--beam", args.beam, "MAX_BEAM")
     folder = _model_dir(args)
     translator = Translator.load(folder, _device(args.device))
     pairs = load_corpus().split(args.split)
@@ -178,7 +193,12 @@ def explain_command(args) -> int:
     from .decode import Translator
     from .explain import explain, render
 
+    limits.check("--top", args.top, "MAX_TOP_K")
     translator = Translator.load(_model_dir(args), _device(args.device))
+    units = len(translator.source.analyse(args.sentence).ids)
+    if units > translator.max_source_len:                   # explain walks the whole sentence: no cutting
+        raise UsageError(f"sentence: {units} units, over the model's limit of {translator.max_source_len} "
+                         "source units (shorten it)")
     walk = explain(translator, args.sentence, target=args.target, all_layers=args.all_layers, top=args.top)
     print(json.dumps(walk, ensure_ascii=False, indent=1) if args.json else render(walk))
     return 0

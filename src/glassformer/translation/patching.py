@@ -92,7 +92,7 @@ def patch_scan(model, clean_src: Tensor, corrupt_src: Tensor, tgt_in: Tensor, ro
     """
     if positions and clean_src.shape != corrupt_src.shape:
         raise UsageError(f"positions: the clean sentence has {clean_src.size(1)} units and the corrupted one "
-                         f"{corrupt_src.size(1)}; patching positions needs the same count")
+                         f"{corrupt_src.size(1)}; patching positions needs the same count", "positions")
     if not 0 <= row < tgt_in.size(1):
         raise UsageError(f"row {row} is outside the target input of {tgt_in.size(1)} positions")
     model.eval()
@@ -138,14 +138,14 @@ def patch_scan(model, clean_src: Tensor, corrupt_src: Tensor, tgt_in: Tensor, ro
 def _source(source, text: Any, field: str) -> tuple[list[str], list[int]]:
     """Units and ids of one sentence; an empty, over-long or unknown-unit sentence is a UsageError naming `field`."""
     if not isinstance(text, str) or not text.strip():
-        raise UsageError(f"{field}: expected a non-empty Chinese sentence")
+        raise UsageError(f"{field}: expected a non-empty Chinese sentence", field)
     if len(text) > MAX_SENTENCE_CHARS:
-        raise UsageError(f"{field}: {len(text)} characters; the limit is {MAX_SENTENCE_CHARS}")
+        raise UsageError(f"{field}: {len(text)} characters; the limit is {MAX_SENTENCE_CHARS}", field)
     enc = source.analyse(text)
     if enc.unknown:
-        raise UsageError(f"{field}: unknown unit {enc.unknown[0]!r} (not in the model's source vocabulary)")
+        raise UsageError(f"{field}: unknown unit {enc.unknown[0]!r} (not in the model's source vocabulary)", field)
     if not enc.ids:
-        raise UsageError(f"{field}: no units after splitting")
+        raise UsageError(f"{field}: no units after splitting", field)
     return enc.units, enc.ids
 
 
@@ -155,20 +155,20 @@ def focus_row(target, text: str, word: str) -> tuple[int, int, list[int]]:
     The row is the one whose newest input is the token just before `word` (BOS I gave → row 2 predicts him).
     """
     if not isinstance(text, str) or not text.strip():
-        raise UsageError("target: expected a non-empty English sentence")
+        raise UsageError("target: expected a non-empty English sentence", "target")
     if len(text) > MAX_SENTENCE_CHARS:
-        raise UsageError(f"target: {len(text)} characters; the limit is {MAX_SENTENCE_CHARS}")
+        raise UsageError(f"target: {len(text)} characters; the limit is {MAX_SENTENCE_CHARS}", "target")
     if not isinstance(word, str) or not word.strip() or " " in word.strip():
-        raise UsageError("predict: expected one English word")
+        raise UsageError("predict: expected one English word", "predict")
     word = word.strip()
     words = text.split()
     at = next((k for k, w in enumerate(words) if w.strip(".,!?;:\"'").lower() == word.lower()), None)
     if at is None:
-        raise UsageError(f"predict: {word!r} is not a word of the target {text!r}")
+        raise UsageError(f"predict: {word!r} is not a word of the target {text!r}", "predict")
     ids = target.encode(text)
     before = target.encode(" ".join(words[:at])) if at else []
     if ids[: len(before)] != before or len(before) >= len(ids):
-        raise UsageError(f"predict: the target's tokens do not split before {word!r}")
+        raise UsageError(f"predict: the target's tokens do not split before {word!r}", "predict")
     return len(before), ids[len(before)], ids
 
 
@@ -178,9 +178,9 @@ def lesson_patching(model, source, target, clean: str = DEFAULT_CLEAN, corrupt=D
     """The scans for one clean sentence against each corrupted one, as JSON-able values."""
     corrupt = [corrupt] if isinstance(corrupt, str) else list(corrupt)
     if not corrupt:
-        raise UsageError("corrupt: give at least one corrupted sentence")
+        raise UsageError("corrupt: give at least one corrupted sentence", "corrupt")
     if len(corrupt) > MAX_CORRUPT:
-        raise UsageError(f"corrupt: {len(corrupt)} sentences; the limit is {MAX_CORRUPT}")
+        raise UsageError(f"corrupt: {len(corrupt)} sentences; the limit is {MAX_CORRUPT}", "corrupt")
     limit = model.cfg.max_len
     clean_units, clean_ids = _source(source, clean, "clean")
     row, token, ids = focus_row(target, text, predict)
@@ -190,10 +190,10 @@ def lesson_patching(model, source, target, clean: str = DEFAULT_CLEAN, corrupt=D
     for k, sentence in enumerate(corrupt):
         units, src_ids = _source(source, sentence, f"corrupt[{k}]")
         if len(src_ids) > limit:
-            raise UsageError(f"corrupt[{k}]: {len(src_ids)} units; the model takes at most {limit}")
+            raise UsageError(f"corrupt[{k}]: {len(src_ids)} units; the model takes at most {limit}", f"corrupt[{k}]")
         if positions and len(src_ids) != len(clean_ids):
             raise UsageError(f"corrupt[{k}]: {len(src_ids)} units ({' '.join(units)}) but the clean sentence has "
-                             f"{len(clean_ids)}; patching positions needs the same count (or heads only)")
+                             f"{len(clean_ids)}; patching positions needs the same count (or heads only)", f"corrupt[{k}]")
         scan = patch_scan(model, torch.tensor([clean_ids]), torch.tensor([src_ids]), torch.tensor([[BOS, *ids]]),
                           row, token, positions=positions)
         runs.append({"corrupt": sentence, "units": units, **_plain(scan)})

@@ -143,8 +143,10 @@ class Vocab:
 
     def __init__(self, tokens: Iterable[str], counts: dict[str, int] | None = None):
         self._itos: list[str] = list(SPECIAL_TOKENS)
+        seen = set(self._itos)                       # a set: loading stays linear in the vocabulary size
         for token in tokens:
-            if token not in SPECIAL_TOKENS and token not in self._itos:
+            if token not in seen:
+                seen.add(token)
                 self._itos.append(token)
         self._stoi = {token: i for i, token in enumerate(self._itos)}
         self.counts: dict[str, int] = {t: c for t, c in (counts or {}).items() if t in self._stoi}

@@ -16,7 +16,6 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,16 +24,19 @@ from torch import nn
 from ..errors import UsageError
 from ..inference.threads import training_threads
 from ..model import ModelConfig, Transformer
+from ..validation import validate
 from .batching import Example, collate, make_batches, rank_share, step_groups
 from .checkpoint import (
     CONFIG,
     OPTIMIZER,
     STATE,
     VOCAB,
+    ConfigFile,
     average_into,
     load_optimizer,
     load_weights,
     read_json,
+    read_run_json,
     rng_state,
     save_best,
     save_checkpoint,
@@ -42,9 +44,9 @@ from .checkpoint import (
     set_rng_state,
     write_json,
 )
+from .settings import TrainSettings, resolve_settings, resumed_settings, run_options
 from .tokenize import SPECIAL_TOKENS, SourceTokenizer, TargetTokenizer, Vocab, is_han
 
-SOURCE_UNITS = ("raw", "gold")
 GLOSS_MAX_TOKENS = 10   # longer dictionary glosses are definitions, not translations: left out
 
 
@@ -249,59 +251,10 @@ def _in_main_thread() -> bool:
 
 
 # ---- the run -------------------------------------------------------------------------------
-RECIPE_KEYS = ("epochs", "max_tokens", "lr_factor", "warmup", "label_smoothing", "bpe_vocab", "glosses",
-               "source_units", "average", "char_fallback")
-
-
-def resolve_args(args) -> dict[str, Any]:
-    """Training settings: the preset's recipe, overridden by every option given on the command line."""
-    if args.preset not in RECIPES:
-        raise UsageError(f"--preset must be one of {', '.join(RECIPES)}, got {args.preset!r}")
-    recipe = RECIPES[args.preset]
-    settings: dict[str, Any] = {"preset": args.preset, "model": dict(recipe.model)}
-    for key in RECIPE_KEYS:
-        value = getattr(args, key, None)
-        settings[key] = getattr(recipe, key) if value is None else value
-    if getattr(args, "dropout", None) is not None:
-        settings["model"]["dropout"] = args.dropout
-    for key, fields in (("d_model", ("d_model",)), ("d_ff", ("d_ff",)), ("heads", ("heads",)),
-                        ("layers", ("encoder_layers", "decoder_layers")), ("norm", ("norm",))):
-        if getattr(args, key, None) is not None:
-            settings["model"].update({f: getattr(args, key) for f in fields})
-    settings["dropout"] = settings["model"].get("dropout", 0.1)
-    for key in ("max_steps", "seed", "limit", "accumulate"):
-        settings[key] = getattr(args, key, None)
-    settings["seed"] = 1 if settings["seed"] is None else settings["seed"]
-    settings["accumulate"] = settings["accumulate"] or 1
-    _check_settings(settings)
-    try:
-        ModelConfig(**settings["model"])
-    except ValueError as error:
-        raise UsageError(str(error)) from None
-    return settings
-
-
-def _check_settings(s: dict[str, Any]) -> None:
-    positive = ("epochs", "max_tokens", "warmup", "bpe_vocab", "accumulate", "average")
-    for key in positive:
-        if not isinstance(s[key], int) or s[key] < 1:
-            raise UsageError(f"--{key.replace('_', '-')} must be a positive integer, got {s[key]!r}")
-    if s["max_steps"] is not None and s["max_steps"] < 1:
-        raise UsageError(f"--max-steps must be a positive integer, got {s['max_steps']!r}")
-    if s["limit"] is not None and s["limit"] < 1:
-        raise UsageError(f"--limit must be a positive integer, got {s['limit']!r}")
-    if not s["lr_factor"] > 0:
-        raise UsageError(f"--lr-factor must be positive, got {s['lr_factor']!r}")
-    if not 0 <= s["label_smoothing"] < 1:
-        raise UsageError(f"--label-smoothing must be in [0, 1), got {s['label_smoothing']!r}")
-    if not 0 <= s["dropout"] < 1:
-        raise UsageError(f"--dropout must be in [0, 1), got {s['dropout']!r}")
-    if s["source_units"] not in SOURCE_UNITS:
-        raise UsageError(f"--source-units must be one of {SOURCE_UNITS}, got {s['source_units']!r}")
-
-
-def _recipe_of(settings: dict[str, Any]) -> Recipe:
-    return Recipe(model=settings["model"], **{k: settings[k] for k in RECIPE_KEYS if k in settings})
+def _recipe_of(settings: TrainSettings) -> Recipe:
+    names = {f.name for f in dataclasses.fields(Recipe)} - {"model", "note"}
+    values = settings.to_dict()
+    return Recipe(model=values["model"], **{k: values[k] for k in names if k in values})
 
 
 class Trainer:
@@ -309,35 +262,32 @@ class Trainer:
 
     def __init__(self, args) -> None:
         self.args = args
-        self.out = Path(args.out or f"runs/{args.preset}")
-        self.resume = bool(args.resume)
-        if self.resume and (self.out / CONFIG).is_file():
-            saved = read_json(self.out / CONFIG)
-            self.settings = dict(saved["train"])
-            for key in ("epochs", "max_steps", "average"):
-                if getattr(args, key, None) is not None:
-                    self.settings[key] = getattr(args, key)
-            vocab = read_json(self.out / VOCAB)
+        self.options = run_options(args)
+        self.out, self.resume = self.options.out, self.options.resume
+        if self.resume and not (self.out / CONFIG).is_file():
+            raise UsageError(f"--resume: {self.out} holds no run (no {CONFIG}); nothing to resume — "
+                             "leave out --resume to start one")
+        if self.resume:
+            saved = validate(ConfigFile, read_run_json(self.out / CONFIG, "MAX_CONFIG_BYTES"), str(self.out / CONFIG))
+            self.settings = resumed_settings(saved.train, args, f"{self.out / CONFIG}: train")
+            vocab = read_run_json(self.out / VOCAB, "MAX_VOCAB_BYTES")
         else:
-            if self.resume and self.out.exists() and any(self.out.iterdir()):
-                raise UsageError(f"--resume: {self.out} has no {CONFIG}; nothing to resume")
             if (self.out / CONFIG).exists():
                 raise UsageError(f"{self.out} already holds a run: pass --resume to continue it, "
                                  "or choose another --out")
-            self.resume = False
-            self.settings = resolve_args(args)
+            self.settings = resolve_settings(args)
             vocab = None
-        self.keep = max(args.keep if args.keep is not None else 3, self.settings["average"])
-        self.log_every = args.log_every or 10
-        self.eval = not args.no_eval
+        self.keep = max(self.options.keep if self.options.keep is not None else 3, self.settings.average)
+        self.log_every = self.settings.log_every
+        self.eval = self.settings.eval
         world = int(os.environ.get("WORLD_SIZE", "1"))
         torch.set_num_threads(training_threads(world, args.threads))       # the usable cores, shared by the ranks
         self.device = pick_device(args.device or "auto", int(os.environ.get("LOCAL_RANK", "0")))
         self.dist = init_distributed(self.device)
-        torch.manual_seed(self.settings["seed"])
+        torch.manual_seed(self.settings.seed)
         self.recipe = _recipe_of(self.settings)
-        self.data = prepare_data(self.recipe, self.settings["limit"], vocab)
-        cfg_dict = dict(self.settings["model"], src_vocab=self.data.source.vocab_size,
+        self.data = prepare_data(self.recipe, self.settings.limit, vocab)
+        cfg_dict = dict(self.settings.model, src_vocab=self.data.source.vocab_size,
                         tgt_vocab=self.data.target.vocab_size)
         self.cfg = ModelConfig.from_dict(read_json(self.out / CONFIG)["model"]) if self.resume \
             else ModelConfig(**cfg_dict)
@@ -348,8 +298,8 @@ class Trainer:
         if self.resume:
             self._load()
         elif self.dist.main:
-            save_run_files(self.out, self.cfg, self.settings, self.data.source, self.data.target)
-        self.loss_module: nn.Module = LossModule(self.model, self.settings["label_smoothing"])
+            save_run_files(self.out, self.cfg, self.settings.to_dict(), self.data.source, self.data.target)
+        self.loss_module: nn.Module = LossModule(self.model, self.settings.label_smoothing)
         if self.dist.active:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -402,10 +352,10 @@ class Trainer:
     def train_step(self, group: list[list[int]]) -> tuple[float, int]:
         """One optimizer step on this rank's share of `group`; returns (summed loss over all ranks, tokens)."""
         step = self.state["step"] + 1
-        lr = noam_lr(step, self.cfg.d_model, self.settings["lr_factor"], self.settings["warmup"])
+        lr = noam_lr(step, self.cfg.d_model, self.settings.lr_factor, self.settings.warmup)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
-        accumulate = self.settings["accumulate"]
+        accumulate = self.settings.accumulate
         total = self.step_tokens(group)
         self.optimizer.zero_grad(set_to_none=True)
         local = torch.zeros((), dtype=torch.float64)
@@ -439,12 +389,12 @@ class Trainer:
     def run(self) -> int:
         """Train until the epochs (or --max-steps) are done or a stop is requested; 130 if interrupted."""
         s = self.settings
-        epochs, max_steps = s["epochs"], s["max_steps"]
-        groups_per_epoch = len(step_groups(make_batches(self.data.examples, s["max_tokens"], s["seed"], 0),
-                                           self.dist.world, s["accumulate"]))
+        epochs, max_steps = s.epochs, s.max_steps
+        groups_per_epoch = len(step_groups(make_batches(self.data.examples, s.max_tokens, s.seed, 0),
+                                           self.dist.world, s.accumulate))
         total_steps = epochs * groups_per_epoch if max_steps is None else min(max_steps, epochs * groups_per_epoch)
         bar = None
-        if self.dist.main and not getattr(self.args, "quiet", False):
+        if self.dist.main and not self.options.quiet:
             from tqdm import tqdm
 
             bar = tqdm(total=total_steps, initial=min(self.state["step"], total_steps), unit="step",
@@ -465,8 +415,8 @@ class Trainer:
         with StopFlag() as flag:
             while self.state["epoch"] < epochs:
                 epoch = self.state["epoch"]
-                groups = step_groups(make_batches(self.data.examples, s["max_tokens"], s["seed"], epoch),
-                                     self.dist.world, s["accumulate"])
+                groups = step_groups(make_batches(self.data.examples, s.max_tokens, s.seed, epoch),
+                                     self.dist.world, s.accumulate)
                 epoch_loss, epoch_tokens = 0.0, 0
                 while self.state["position"] < len(groups):
                     if max_steps is not None and self.state["step"] >= max_steps:
@@ -515,7 +465,7 @@ class Trainer:
                 self._finish()
                 return 130
             self.save()
-            if self.state["epoch"] >= epochs and s["average"] > 1:
+            if self.state["epoch"] >= epochs and s.average > 1:
                 self.average_last()
         if self.dist.main:
             self.summary()
@@ -548,7 +498,7 @@ class Trainer:
         """Average the last K epoch checkpoints; keep the result in best/ if it scores higher on dev."""
         if not self.dist.main:
             return
-        names = self.state.get("checkpoints", [])[-self.settings["average"]:]
+        names = self.state.get("checkpoints", [])[-self.settings.average:]
         if len(names) < 2:
             return
         paths = [self.out / "checkpoints" / n / "model.safetensors" for n in names]

@@ -1,0 +1,78 @@
+"""Named limits on the work a user or a file can ask for, checked before anything is allocated.
+
+Every size that comes from outside (a trace spec, a lab request, a model folder) is compared with
+one of these constants first; going over one is a `LimitError` (a UsageError: exit 2 in the CLI,
+HTTP 413 in the lab) whose message names the constant. They are documented in docs/limits.md.
+For trusted local input the CLI's `--no-limits` lifts them (`lifted()`); the lab never does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+
+from .errors import UsageError
+
+# ---- any JSON document (trace spec, request body, config.json, vocab.json) ----------------------
+MAX_JSON_DEPTH = 64                  # nesting of arrays and objects
+MAX_SPEC_FILE_BYTES = 4 << 20        # a trace-spec file read by `glassformer trace` (4 MiB)
+
+# ---- trace spec (`glassformer trace`, POST /api/trace) ----------------------------------------
+MAX_SPEC_ROWS = 256                  # rows of q, k, v, x, memory (n and m)
+MAX_SPEC_WIDTH = 512                 # columns: d, d_k, d_v, d_ff
+MAX_SPEC_HEADS = 32                  # heads of one attention sub-layer
+MAX_MATRIX_ELEMENTS = 65_536         # numbers in any one matrix, given or computed (n·m scores, n·d_ff hidden)
+MAX_OUTPUT_ELEMENTS = 1_000_000      # numbers in a whole trace answer (about 20 MB of JSON)
+
+# ---- one sentence (`translate`, `explain`, POST /api/sentence) --------------------------------
+MAX_SOURCE_CHARS = 400               # characters of one source sentence in the lab
+MAX_TARGET_CHARS = 800               # characters of one target sentence in the lab
+MAX_SENTENCE_TOKENS = 512            # units / tokens of one sentence on either side
+MAX_TOP_K = 20                       # candidates listed per target row
+MAX_BEAM = 32                        # beam size of `translate` / `evaluate`
+
+# ---- model folders (config.json, model.safetensors, vocab.json) ------------------------------
+MAX_D_MODEL = 4096
+MAX_LAYERS = 48                      # encoder or decoder layers
+MAX_HEADS = 64
+MAX_D_FF = 16384                     # also bounds d_k and d_v
+MAX_LEN = 8192                       # max_len: positions a model handles
+MAX_VOCAB = 262_144                  # src_vocab, tgt_vocab, and the entries of vocab.json
+MAX_PARAMETERS = 400_000_000         # parameters of a whole translator (1.6 GB in float32)
+MAX_CONFIG_BYTES = 64 << 10          # config.json
+MAX_VOCAB_BYTES = 32 << 20           # vocab.json / target tokenizer file
+
+_ENFORCED: ContextVar[bool] = ContextVar("glassformer_limits_enforced", default=True)
+
+
+class LimitError(UsageError):
+    """A size over one of the named limits; HTTP status 413."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message, field, status=413)
+
+
+def enforced() -> bool:
+    """Whether the limits apply here (they do unless inside `lifted()`)."""
+    return _ENFORCED.get()
+
+
+@contextlib.contextmanager
+def lifted() -> Iterator[None]:
+    """Run a block without the work limits (the CLI's --no-limits, for trusted local input)."""
+    token = _ENFORCED.set(False)
+    try:
+        yield
+    finally:
+        _ENFORCED.reset(token)
+
+
+def check(what: str, value: int, limit: str, field: str | None = None) -> None:
+    """Raise LimitError when `value` exceeds the constant named `limit` (e.g. "MAX_SPEC_ROWS").
+
+    `what` says what was counted ("q: rows"); the message names the limit so a user can look it up.
+    """
+    bound = globals()[limit]
+    if value > bound and enforced():
+        raise LimitError(f"{what} is {value:,}; the limit is {bound:,} ({limit})", field)
