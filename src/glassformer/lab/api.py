@@ -13,34 +13,33 @@ import copy
 import math
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import torch
 from pydantic import BeforeValidator, Field
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from .. import __version__, limits
 from ..errors import UsageError
 from ..lesson import examples
 from ..lesson.views import lesson_batch, next_token_walk, walk_inputs
-from ..model import ModelConfig, Recording, Transformer
+from ..model import Recording, Transformer
 from ..translation.decode import greedy, output_limits
 from ..translation.patching import MAX_CORRUPT, lesson_patching
-from ..translation.tokenize import BOS, EOS, PAD, SPECIAL_TOKENS, SourceTokenizer, TargetTokenizer, Vocab
+from ..translation.tokenize import BOS, EOS, PAD
 from ..validation import Schema, Text, type_name, validate
+from .models import DEFAULT_MODEL_DIR, DEFAULT_TARGET, UNTRAINED_SEED, LabModel, load_model, untrained_model
 
-DEFAULT_MODEL_DIR = "runs/default"
+__all__ = ["DEFAULT_MODEL_DIR", "DEFAULT_SOURCE", "DEFAULT_TARGET", "UNTRAINED_SEED", "ApiError", "LabAPI", "LabModel",
+           "load_model", "untrained_model"]
+
 DEFAULT_SOURCE = "我／昨天／给／了／他／一／本／书／。"
-DEFAULT_TARGET = "I gave him a book yesterday."
 SWAP_PAIR = ("我", "他")                      # claim C2: 我给他 is not 他给我
 PATCH_CORRUPT = "我／昨天／给／了／她／一／本／书／。"   # 他 → 她: does `him` still come out?
 BLOCK_TOKENS = ("我", "给", "书")             # the positions the lesson's BLOCK rows stand for
 MAX_SOURCE_CHARS = limits.MAX_SOURCE_CHARS
 MAX_TARGET_CHARS = limits.MAX_TARGET_CHARS
 MAX_TOP_K = limits.MAX_TOP_K
-UNTRAINED_SEED = 0
 
 
 class ApiError(Exception):
@@ -52,96 +51,6 @@ class ApiError(Exception):
 
     def payload(self) -> dict:
         return {"error": self.message, "field": self.field}
-
-
-# ---- the model the Sentence view runs ----------------------------------------------------------
-@dataclass
-class LabModel:
-    """A translator and its tokenizers, plus the same weights with positions switched off (claim C1)."""
-
-    model: Transformer
-    no_positions: Transformer
-    source: SourceTokenizer
-    target: TargetTokenizer
-    trained: bool
-    origin: str
-
-    @classmethod
-    def build(cls, model: Transformer, source: SourceTokenizer, target: TargetTokenizer, *,
-              trained: bool, origin: str) -> LabModel:
-        """Wrap `model` and copy its weights into a twin whose config has positions "none"."""
-        model.eval()
-        with torch.random.fork_rng(devices=[]):        # its random init is overwritten; leave the RNG alone
-            twin = Transformer(model.cfg.replace(positions="none"))
-        # A learned position table has no place in the twin; every other tensor is shared by name.
-        state = {k: v for k, v in model.state_dict().items() if k in twin.state_dict()}
-        twin.load_state_dict(state, strict=False)
-        twin.eval()
-        return cls(model, twin, source, target, trained, origin)
-
-    def piece(self, token_id: int) -> str:
-        """A target id as readable text: sub-word marks removed, specials by name (never raw bytes)."""
-        if token_id < len(SPECIAL_TOKENS):
-            return SPECIAL_TOKENS[token_id]
-        token = self.target.id_to_token(token_id)
-        if token is None:
-            return f"<{token_id}>"
-        text = self.target.tokenizer.decode([token_id]).strip()
-        return text or token.replace("▁", " ").strip() or token
-
-
-def _word_target_tokenizer(texts: list[str]) -> TargetTokenizer:
-    """A word-level TargetTokenizer over `texts` (same pre-tokenizer and decoder as the trained BPE)."""
-    pre = pre_tokenizers.Sequence([pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation(behavior="isolated")])
-    words: list[str] = list(SPECIAL_TOKENS)
-    for text in texts:
-        words += [w for w, _ in pre.pre_tokenize_str(text) if w not in words]
-    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=SPECIAL_TOKENS[3]))
-    tokenizer.pre_tokenizer = pre
-    tokenizer.decoder = decoders.Metaspace()
-    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
-    return TargetTokenizer(tokenizer)
-
-
-def untrained_model(seed: int = UNTRAINED_SEED, why: str | None = None) -> LabModel:
-    """A seeded, untrained tiny Transformer over the lesson's own units and words (for when no run exists).
-
-    `why` (e.g. "runs/default does not exist") is appended to the model's origin shown on the page.
-    """
-    source_units = [u for u in examples.SOURCE_VOCAB if u not in (examples.PAD, examples.BOS, examples.EOS)]
-    source = SourceTokenizer(Vocab(source_units))
-    target = _word_target_tokenizer([DEFAULT_TARGET, "He gave me a book yesterday.", "I gave her a book.",
-                                     "She smiled.", "she smiled."])
-    cfg = ModelConfig.tiny(src_vocab=source.vocab_size, tgt_vocab=target.vocab_size)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Transformer(cfg)
-    origin = f"untrained tiny model, torch seed {seed}" + (f"; {why}" if why else "")
-    return LabModel.build(model, source, target, trained=False, origin=origin)
-
-
-def load_model(model_dir: str | Path | None, *, required: bool = False) -> LabModel:
-    """The trained translator in `model_dir`; without one, the seeded untrained model.
-
-    `required`: the user named the folder, so a folder that cannot be loaded is a UsageError.
-    """
-    if model_dir is None:
-        model_dir, required = DEFAULT_MODEL_DIR, False
-    folder = Path(model_dir)
-    if not folder.exists() and not required:
-        return untrained_model(why=f"no trained model in {folder}")
-    try:
-        from ..translation.checkpoint import load_translator_parts
-        model, source, target, _ = load_translator_parts(folder)
-    except UsageError as error:
-        if required:
-            raise
-        return untrained_model(why=str(error).split(";")[0])
-    except (ValueError, KeyError, OSError) as error:
-        if required:
-            raise UsageError(f"--model {folder}: cannot load the translator: {error}") from None
-        return untrained_model(why=f"{folder} could not be loaded")
-    return LabModel.build(model, source, target, trained=True, origin=str(folder))
 
 
 # ---- request checking --------------------------------------------------------------------------

@@ -193,7 +193,8 @@ def lesson_patching(model, source, target, clean: str = DEFAULT_CLEAN, corrupt=D
             raise UsageError(f"corrupt[{k}]: {len(src_ids)} units; the model takes at most {limit}", f"corrupt[{k}]")
         if positions and len(src_ids) != len(clean_ids):
             raise UsageError(f"corrupt[{k}]: {len(src_ids)} units ({' '.join(units)}) but the clean sentence has "
-                             f"{len(clean_ids)}; patching positions needs the same count (or heads only)", f"corrupt[{k}]")
+                             f"{len(clean_ids)}; patching positions needs the same count (or heads only)",
+                             f"corrupt[{k}]")
         scan = patch_scan(model, torch.tensor([clean_ids]), torch.tensor([src_ids]), torch.tensor([[BOS, *ids]]),
                           row, token, positions=positions)
         runs.append({"corrupt": sentence, "units": units, **_plain(scan)})
