@@ -13,7 +13,7 @@ Rules (tests/test_datasets.py checks each on the real data):
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -98,13 +98,16 @@ def load_split(name: str) -> list[Pair]:
 
 
 # ---- dictionary -----------------------------------------------------------------------------
-def dictionary_glosses(entries: Sequence[DictEntry] | None = None) -> dict[str, str]:
-    """Simplified headword -> short English gloss from CC-CEDICT.
+def dictionary_glosses(entries: Sequence[DictEntry] | None = None,
+                       words: Container[str] | None = None) -> dict[str, str]:
+    """Simplified headword -> short English gloss from CC-CEDICT (only headwords in ``words`` if given).
 
     Per headword the first entry with an informative sense wins, common-word entries (lower-case
     pinyin) before proper names (capitalised pinyin).
     """
     entries = load_cedict() if entries is None else entries
+    if words is not None:
+        entries = [e for e in entries if e.simplified in words]
     glosses: dict[str, str] = {}
     for proper in (False, True):
         for entry in entries:

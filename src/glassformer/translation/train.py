@@ -144,14 +144,11 @@ def prepare_data(recipe: Recipe, limit: int | None = None, vocab: dict | None = 
 
         tatoeba = load_tatoeba_splits().train
         tatoeba = tatoeba[:limit] if limit else tatoeba
-    dictionary: dict[str, str] = {}
     entries = []
     if recipe.glosses or (recipe.char_fallback and vocab is None):
-        from .datasets import dictionary_glosses
         from .sources import load_cedict
 
         entries = load_cedict()
-        dictionary = dictionary_glosses(entries) if recipe.glosses else {}
     if vocab is not None:
         source = SourceTokenizer.from_dict(vocab["source"])
         target = TargetTokenizer.from_dict(vocab["target"])
@@ -162,7 +159,12 @@ def prepare_data(recipe: Recipe, limit: int | None = None, vocab: dict | None = 
         source = build_source_tokenizer([p.zh_units for p in hsk], [p.zh for p in tatoeba], single)
         if not recipe.char_fallback:
             source = SourceTokenizer.train([p.zh_units for p in hsk] + [source.segment(p.zh) for p in tatoeba])
-    glosses = {w: g for w, g in sorted(dictionary.items()) if w in source.vocab and all(map(is_han, w))}
+    glosses: dict[str, str] = {}
+    if recipe.glosses:
+        from .datasets import dictionary_glosses
+
+        words = {w for w in source.vocab.tokens if all(map(is_han, w))}
+        glosses = dict(sorted(dictionary_glosses(entries, words).items()))
     if vocab is None:
         english = [p.en for p in hsk] + [p.en for p in tatoeba] + list(glosses.values())
         target = TargetTokenizer.train(english, recipe.bpe_vocab)
