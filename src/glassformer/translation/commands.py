@@ -68,7 +68,8 @@ def _non_negative(text: str) -> int:
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     from_recipe = "(default: from the preset)"
     parser.add_argument("--preset", default="default",
-                        help="recipe: default (the demo model), anchor, tiny (tests)")
+                        help="recipe: default (the demo model), large (best quality, hours), hsk (HSK only), "
+                             "anchor, tiny (tests)")
     parser.add_argument("--out", metavar="DIR", help="run folder (default runs/PRESET)")
     parser.add_argument("--epochs", type=_positive, help=f"epochs {from_recipe}")
     parser.add_argument("--max-steps", type=_positive, help="stop after this many optimizer steps in total")
@@ -146,7 +147,9 @@ def translate_command(args) -> int:
 # ---- evaluate ------------------------------------------------------------------------------
 def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     _add_model(parser)
-    parser.add_argument("--split", choices=("dev", "test"), default="test", help="corpus split (default test)")
+    parser.add_argument("--split", choices=("dev", "test", "tatoeba", "everyday"), default="test",
+                        help="dev / test: HSK; tatoeba: held-out Tatoeba slice; everyday: 20 own sentences "
+                             "(default test)")
     parser.add_argument("--input", choices=("raw", "gold"), default="raw",
                         help="raw: segment the Chinese like user input (default); gold: corpus segmentation")
     parser.add_argument("--beam", type=_positive, default=1, help="beam size (default 1 = greedy)")
@@ -156,14 +159,16 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def evaluate_command(args) -> int:
-    from .corpus import load_corpus
+    from .datasets import load_split
     from .decode import DEFAULT_ALPHA, Translator
     from .evaluate import evaluate_pairs
 
     limits.check("--beam", args.beam, "MAX_BEAM")
+    if args.input == "gold" and args.split not in ("dev", "test"):
+        raise UsageError(f"--input gold needs the corpus segmentation: only --split dev/test have it, not {args.split}")
     folder = _model_dir(args)
     translator = Translator.load(folder, _device(args.device))
-    pairs = load_corpus().split(args.split)
+    pairs = load_split(args.split)
     alpha = DEFAULT_ALPHA if args.alpha is None else args.alpha
     result = evaluate_pairs(translator, pairs, args.input, args.beam, alpha)
     if args.json:

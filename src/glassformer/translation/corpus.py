@@ -17,6 +17,8 @@ from typing import Any
 # and ``clean_records`` drops them should a future dataset version contain them).
 LESSON_SENTENCES: tuple[str, ...] = ("我昨天给了他一本书。", "他昨天给了我一本书。")
 
+# English the dataset uses for a missing translation: "placeholder", also numbered ("placeholder-p3", "placeholder-q1").
+PLACEHOLDER = re.compile(r"placeholder(-[a-z]\d+)?", re.IGNORECASE)
 SPLIT_BUCKETS = 20  # md5(id) % 20: buckets 0-17 train, 18 dev, 19 test
 SPLIT_NAMES: tuple[str, ...] = ("train", "dev", "test")
 
@@ -77,7 +79,8 @@ def _english(record: Mapping[str, Any]) -> str:
 
 
 def clean_records(records: Iterable[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], dict[str, int]]:
-    """Drop placeholder/empty English, lesson sentences and exact (chinese, english) duplicates; count each.
+    """Drop placeholder English (``placeholder``, ``placeholder-p3``), empty text, lesson sentences and
+    exact (chinese, english) duplicates; count each.
 
     Rules are applied in that order; for duplicates the first record (in package order) is kept.
     """
@@ -88,7 +91,7 @@ def clean_records(records: Iterable[Mapping[str, Any]]) -> tuple[list[Mapping[st
     for record in records:
         report["total"] += 1
         zh, en = record["chinese"].strip(), _english(record)
-        if en.lower() == "placeholder":
+        if PLACEHOLDER.fullmatch(en):
             report["dropped_placeholder"] += 1
         elif not en or not zh:
             report["dropped_empty"] += 1

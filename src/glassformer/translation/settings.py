@@ -23,7 +23,7 @@ Positive = Annotated[int, Field(gt=0)]
 NonNegative = Annotated[int, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-Preset = Literal["default", "anchor", "tiny"]
+Preset = Literal["default", "large", "hsk", "anchor", "tiny"]   # the names of translation.train.RECIPES
 
 # command-line option -> ModelConfig fields it sets
 MODEL_OPTIONS = {"d_model": ("d_model",), "d_ff": ("d_ff",), "heads": ("heads",),
@@ -49,6 +49,8 @@ class TrainSettings:
     average: Positive
     char_fallback: bool
     dropout: Fraction
+    tatoeba: bool = False                           # Tatoeba training pairs join the HSK ones
+    hsk_repeat: Positive = 1                        # each HSK training pair this many times per epoch
     max_steps: Positive | None = None
     seed: int = 1
     limit: Positive | None = None                   # only the first N training pairs

@@ -11,7 +11,6 @@ Both sides share the special ids PAD=0, BOS=1, EOS=2, UNK=3 and serialise to JSO
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import string
@@ -87,24 +86,30 @@ def split_runs(text: str) -> list[tuple[str, bool]]:
 
 
 # --------------------------------------------------------------------------- segmenters over a vocabulary
-def segment_unigram(run: str, counts: dict[str, int], max_len: int) -> list[str]:
+def log_probs(counts: dict[str, int]) -> tuple[dict[str, float], float]:
+    """Word log-probabilities (training frequency / total) and the below-any-word score of an unknown character."""
+    total = sum(counts.values()) or 1
+    return {w: math.log(c / total) for w, c in counts.items()}, math.log(0.5 / total)
+
+
+def segment_unigram(run: str, counts: dict[str, int], max_len: int,
+                    scores: tuple[dict[str, float], float] | None = None) -> list[str]:
     """Most probable split of ``run`` into known words (word probability = training frequency).
 
     This is jieba's algorithm restricted to the training vocabulary, done as dynamic programming.
     A character covered by no known word becomes a single-character unit with a below-any-word score.
+    ``scores`` is ``log_probs(counts)``, passed in when many runs are cut over the same counts.
     """
-    total = sum(counts.values()) or 1
-    unknown_logp = math.log(0.5 / total)
+    logps, unknown_logp = scores or log_probs(counts)
     best: list[tuple[float, int]] = [(0.0, 0)] + [(-math.inf, 1)] * len(run)  # (score, last word length)
     for end in range(1, len(run) + 1):
         for length in range(1, min(max_len, end) + 1):
             word = run[end - length:end]
-            if word in counts:
-                logp = math.log(counts[word] / total)
-            elif length == 1:
+            logp = logps.get(word)
+            if logp is None:
+                if length > 1:
+                    continue
                 logp = unknown_logp
-            else:
-                continue
             score = best[end - length][0] + logp
             if score > best[end][0]:
                 best[end] = (score, length)
@@ -143,12 +148,11 @@ class Vocab:
 
     def __init__(self, tokens: Iterable[str], counts: dict[str, int] | None = None):
         self._itos: list[str] = list(SPECIAL_TOKENS)
-        seen = set(self._itos)                       # a set: loading stays linear in the vocabulary size
-        for token in tokens:
-            if token not in seen:
-                seen.add(token)
-                self._itos.append(token)
         self._stoi = {token: i for i, token in enumerate(self._itos)}
+        for token in tokens:
+            if token not in self._stoi:
+                self._stoi[token] = len(self._itos)
+                self._itos.append(token)
         self.counts: dict[str, int] = {t: c for t, c in (counts or {}).items() if t in self._stoi}
 
     @classmethod
@@ -227,6 +231,7 @@ class SourceTokenizer:
         self._words = {w: self.vocab.counts.get(w, 1) for w in vocab.tokens[len(SPECIAL_TOKENS):]
                        if all(is_han(ch) for ch in w)}
         self._max_len = max(map(len, self._words), default=1)
+        self._scores = log_probs(self._words)
 
     @classmethod
     def train(cls, unit_sequences: Iterable[Sequence[str]], mode: str = DEFAULT_MODE,
@@ -249,7 +254,7 @@ class SourceTokenizer:
             return segment_fmm(run, self._words, self._max_len)
         if self.mode == "bmm":
             return segment_bmm(run, self._words, self._max_len)
-        return segment_unigram(run, self._words, self._max_len)
+        return segment_unigram(run, self._words, self._max_len, self._scores)
 
     @staticmethod
     def is_presegmented(text: str) -> bool:
@@ -257,16 +262,18 @@ class SourceTokenizer:
         return _SEPARATORS.search(text.strip()) is not None
 
     def segment(self, text: str) -> list[str]:
-        """Units of ``text``: split exactly at typed separators if present, else segment the raw text.
+        """Units of ``text``: typed separators (／, /, spaces) are always unit boundaries; a typed piece that is
+        not a known unit, and raw text, are segmented over the vocabulary.
 
         Punctuation and symbols are always units of their own, in both cases.
         """
         text = normalize_punct(text.strip())
-        if _SEPARATORS.search(text):
-            return [run for piece in _SEPARATORS.split(text) for run, _ in split_runs(piece)]
+        typed = _SEPARATORS.search(text) is not None
         units: list[str] = []
-        for run, han in split_runs(text):
-            units.extend(self._segment_han(run) if han else [run])
+        for piece in _SEPARATORS.split(text) if typed else [text]:
+            for run, han in split_runs(piece):
+                # a typed piece stays whole when it is a known unit; else it is segmented like raw text
+                units.extend(self._segment_han(run) if han and not (typed and run in self.vocab) else [run])
         return units
 
     # ---- ids
@@ -380,86 +387,3 @@ class TargetTokenizer:
         if data.get("type") != "TargetTokenizer":
             raise ValueError(f"not a TargetTokenizer dict: type={data.get('type')!r}")
         return cls.from_str(data["tokenizer"])
-
-
-# --------------------------------------------------------------------------- measurements (docs/data.md)
-def _jieba_cutter(add_words: Iterable[str] = (), hmm: bool = True):
-    """A private jieba tokenizer (default dictionary, optionally plus ``add_words``) as a callable."""
-    import logging
-
-    import jieba
-
-    jieba.setLogLevel(logging.WARNING)
-    cutter = jieba.Tokenizer()
-    cutter.initialize()
-    for word in add_words:
-        cutter.add_word(word)
-    return lambda run: [w for w in cutter.lcut(run, HMM=hmm) if w.strip()]
-
-
-def measure_segmenters(train: Sequence[tuple[str, Sequence[str]]],
-                       evaluation: Sequence[tuple[str, Sequence[str]]]) -> list[dict[str, Any]]:
-    """Compare raw-text segmenters against the corpus segmentation; inputs are (raw text, gold units).
-
-    For each option: exact sentence matches, unit count, and OOV units measured against the training
-    vocabulary of gold units and against the vocabulary the option itself produces on the training text.
-    """
-    gold_tok = SourceTokenizer.train([units for _, units in train])
-    gold_vocab = gold_tok.vocab
-    han_words = list(gold_tok._words)
-
-    def with_runs(cut_han):
-        return lambda text: [u for run, han in split_runs(normalize_punct(text))
-                             for u in (cut_han(run) if han else [run])]
-
-    options = {
-        "jieba default (HMM on)": with_runs(_jieba_cutter()),
-        "jieba default, HMM off": with_runs(_jieba_cutter(hmm=False)),
-        "jieba + train vocabulary (HMM on)": with_runs(_jieba_cutter(han_words)),
-        "jieba + train vocabulary, HMM off": with_runs(_jieba_cutter(han_words, hmm=False)),
-        **{f"{mode} over train vocabulary": SourceTokenizer(gold_vocab, mode).segment
-           for mode in ("fmm", "bmm", "unigram")},
-        "char": SourceTokenizer(gold_vocab, "char").segment,
-    }
-    rows = []
-    for name, cut in options.items():
-        own_vocab = {u for text, _ in train for u in cut(text)}
-        predicted = [(cut(text), list(gold)) for text, gold in evaluation]
-        seen_words = [all(u in gold_vocab for u in g) for _, g in predicted]
-        rows.append({
-            "option": name,
-            "exact": sum(p == g for p, g in predicted),
-            "sentences": len(predicted),
-            # sentences whose gold words were all seen in training: only these can be matched by a
-            # segmenter that knows nothing but the training vocabulary
-            "exact_seen_words": sum(p == g for (p, g), ok in zip(predicted, seen_words, strict=True) if ok),
-            "seen_words_sentences": sum(seen_words),
-            "train_exact": sum(cut(text) == list(gold) for text, gold in train),
-            "units": sum(len(p) for p, _ in predicted),
-            "oov_train_vocab": sum(u not in gold_vocab for p, _ in predicted for u in p),
-            "oov_own_vocab": sum(u not in own_vocab for p, _ in predicted for u in p),
-        })
-    return rows
-
-
-def _main() -> None:
-    """Print the segmentation table of docs/data.md (dev and test) and the lesson probes."""
-    from glassformer.translation.corpus import LESSON_SENTENCES, load_corpus
-
-    corpus = load_corpus()
-    train = [(p.zh, p.zh_units) for p in corpus.train]
-    for split in ("dev", "test"):
-        evaluation = [(p.zh, p.zh_units) for p in corpus.split(split)]
-        print(f"## {split}: {len(evaluation)} sentences, {sum(len(u) for _, u in evaluation)} gold units, "
-              f"{sum(u not in {x for _, us in train for x in us} for _, us in evaluation for u in us)} "
-              f"gold units unseen in train")
-        for row in measure_segmenters(train, evaluation):
-            print(json.dumps(row, ensure_ascii=False))
-    tok = SourceTokenizer.train(units for _, units in train)
-    for sentence in LESSON_SENTENCES:
-        enc = tok.analyse(sentence)
-        print(sentence, "／".join(enc.units), "unknown:", enc.unknown)
-
-
-if __name__ == "__main__":
-    _main()
