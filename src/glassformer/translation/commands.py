@@ -39,7 +39,7 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
 
 
 def _device(name: str) -> str:
-    from .train import pick_device
+    from .runtime import pick_device
 
     return str(pick_device(name))
 

@@ -18,12 +18,13 @@ from pydantic import Field
 from ..errors import UsageError
 from ..model import ModelConfig
 from ..validation import DATACLASS_CONFIG, validate
+from .recipes import RECIPES
 
 Positive = Annotated[int, Field(gt=0)]
 NonNegative = Annotated[int, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-Preset = Literal["default", "large", "hsk", "anchor", "tiny"]   # the names of translation.train.RECIPES
+Preset = Literal["default", "large", "hsk", "anchor", "tiny"]   # the names of translation.recipes.RECIPES
 
 # command-line option -> ModelConfig fields it sets
 MODEL_OPTIONS = {"d_model": ("d_model",), "d_ff": ("d_ff",), "heads": ("heads",),
@@ -105,7 +106,7 @@ def check_settings(data: Any, source: str | None = None) -> TrainSettings:
 
 def resolve_settings(args: Any) -> TrainSettings:
     """A preset's recipe, overridden by every option given on the command line, checked."""
-    from .train import RECIPES
+
 
     if args.preset not in RECIPES:
         raise UsageError(f"--preset must be one of {', '.join(RECIPES)}, got {args.preset!r}")

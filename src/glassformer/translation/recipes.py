@@ -1,0 +1,176 @@
+"""Training recipes (model sizes, training knobs, data sources) and the data they prepare.
+
+`prepare_data` builds the tokenizers from the training data only and encodes the training pairs
+(HSK train split, Tatoeba's training pairs, CC-CEDICT word glosses, as the recipe says); dev pairs
+are kept for the score after each epoch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from .batching import Example
+from .tokenize import SPECIAL_TOKENS, SourceTokenizer, TargetTokenizer, Vocab, is_han
+
+GLOSS_MAX_TOKENS = 10   # longer dictionary glosses are definitions, not translations: left out
+
+
+@dataclass
+class Recipe:
+    """Everything that decides a training run besides the seed: model sizes, data and training knobs."""
+
+    model: dict[str, Any]
+    epochs: int = 40
+    max_tokens: int = 4096          # padded tokens per batch (per rank)
+    lr_factor: float = 1.0          # Noam: factor * d^-0.5 * min(step^-0.5, step * warmup^-1.5)
+    warmup: int = 400
+    label_smoothing: float = 0.1
+    bpe_vocab: int = 2000           # target BPE vocabulary size
+    glosses: bool = True            # CC-CEDICT glosses of every source word and character as word-level pairs
+    source_units: str = "raw"       # train HSK on the raw-text segmentation ("raw") or the corpus's ("gold")
+    average: int = 1                # average the last K epoch checkpoints at the end (1 = off)
+    char_fallback: bool = False     # characters join the source vocabulary; HSK sentences also train char-split
+    tatoeba: bool = False           # add the Tatoeba training pairs (held-out slice and evaluation sentences out)
+    hsk_repeat: int = 1             # each HSK training pair appears this many times per epoch
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+RECIPES: dict[str, Recipe] = {
+    "tiny": Recipe(
+        model=dict(d_model=32, heads=4, d_ff=64, encoder_layers=2, decoder_layers=2, dropout=0.0, max_len=64),
+        epochs=1, max_tokens=512, lr_factor=1.0, warmup=50, bpe_vocab=300, glosses=False,
+        note="for tests: seconds on a CPU"),
+    "anchor": Recipe(
+        model=dict(d_model=128, heads=4, d_ff=512, encoder_layers=2, decoder_layers=2, dropout=0.1,
+                   max_len=128),
+        epochs=30, max_tokens=1024, lr_factor=0.5, warmup=400, glosses=False, source_units="gold",
+        note="the plain-Transformer anchor's sizes: HSK only, gold segmentation, no glosses"),
+    "hsk": Recipe(
+        model=dict(d_model=128, heads=4, d_ff=512, encoder_layers=2, decoder_layers=2, dropout=0.3,
+                   max_len=128),
+        epochs=40, max_tokens=1024, lr_factor=0.5, warmup=400, bpe_vocab=2000, glosses=True,
+        char_fallback=True, source_units="raw", average=5,
+        note="HSK pairs only (the former default): about 7 minutes on 2 idle CPU cores"),
+    "default": Recipe(
+        model=dict(d_model=128, heads=4, d_ff=512, encoder_layers=2, decoder_layers=2, dropout=0.1,
+                   max_len=128),
+        epochs=4, max_tokens=1024, lr_factor=0.7, warmup=800, bpe_vocab=4000, glosses=True,
+        char_fallback=True, source_units="raw", average=2, tatoeba=True, hsk_repeat=3,
+        note="the demo model: HSK x3 + Tatoeba + CC-CEDICT, 4 epochs, about 18 minutes on 2 idle CPU cores"),
+    "large": Recipe(
+        model=dict(d_model=256, heads=4, d_ff=1024, encoder_layers=3, decoder_layers=3, dropout=0.2,
+                   max_len=128),
+        epochs=12, max_tokens=2048, lr_factor=1.0, warmup=1500, bpe_vocab=6000, glosses=True,
+        char_fallback=True, source_units="raw", average=3, tatoeba=True, hsk_repeat=3,
+        note="best quality on this machine: d 256, 3+3 layers, 12 epochs; about 3-4 hours on 2 CPU cores (estimated)"),
+}
+
+
+# ---- data ----------------------------------------------------------------------------------
+@dataclass
+class Data:
+    """Tokenizers, training examples and the dev pairs scored every epoch."""
+
+    source: SourceTokenizer
+    target: TargetTokenizer
+    examples: list[Example]
+    dev: list = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def build_source_tokenizer(hsk_units: list[list[str]], other_texts: list[str],
+                           extra_words: list[str] = ()) -> SourceTokenizer:
+    """Source vocabulary over all training data, so no Chinese character of it becomes <unk>.
+
+    The HSK corpus's own segmentation defines the words; other Chinese text is cut over those words
+    (unknown words fall apart into characters); the vocabulary holds every resulting unit plus every
+    Han character of the data and of ``extra_words`` (dictionary headwords), characters at count 1.
+    """
+    words = SourceTokenizer.train(hsk_units)
+    sequences = hsk_units + [words.segment(text) for text in other_texts]
+    counted = SourceTokenizer.train(sequences)
+    return with_characters(counted, sequences + [[w] for w in extra_words])
+
+
+def prepare_data(recipe: Recipe, limit: int | None = None, vocab: dict | None = None,
+                 dev_limit: int | None = None) -> Data:
+    """Load the corpora, build (or restore) the tokenizers, encode the training pairs (+ glosses).
+
+    Training data: the HSK train split (``hsk_repeat`` times), the Tatoeba training pairs if the recipe
+    says so (``limit`` caps both, for tests), CC-CEDICT glosses. Dev is the HSK dev split, for scoring.
+    """
+    from .corpus import load_corpus
+
+    corpus = load_corpus()
+    hsk = corpus.train[:limit] if limit else corpus.train
+    tatoeba = []
+    if recipe.tatoeba:
+        from .datasets import load_tatoeba_splits
+
+        tatoeba = load_tatoeba_splits().train
+        tatoeba = tatoeba[:limit] if limit else tatoeba
+    entries = []
+    if recipe.glosses or (recipe.char_fallback and vocab is None):
+        from .sources import load_cedict
+
+        entries = load_cedict()
+    if vocab is not None:
+        source = SourceTokenizer.from_dict(vocab["source"])
+        target = TargetTokenizer.from_dict(vocab["target"])
+    else:
+        from .datasets import dictionary_characters
+
+        single = dictionary_characters(entries) if recipe.char_fallback else []
+        source = build_source_tokenizer([p.zh_units for p in hsk], [p.zh for p in tatoeba], single)
+        if not recipe.char_fallback:
+            source = SourceTokenizer.train([p.zh_units for p in hsk] + [source.segment(p.zh) for p in tatoeba])
+    glosses: dict[str, str] = {}
+    if recipe.glosses:
+        from .datasets import dictionary_glosses
+
+        words = {w for w in source.vocab.tokens if all(map(is_han, w))}
+        glosses = dict(sorted(dictionary_glosses(entries, words).items()))
+    if vocab is None:
+        english = [p.en for p in hsk] + [p.en for p in tatoeba] + list(glosses.values())
+        target = TargetTokenizer.train(english, recipe.bpe_vocab)
+    examples = []
+    for p in hsk:
+        units = p.zh_units if recipe.source_units == "gold" else source.segment(p.zh)
+        tgt = target.encode(p.en)
+        examples.extend(Example(source.vocab.encode(units), tgt) for _ in range(recipe.hsk_repeat))
+        if recipe.char_fallback:
+            chars = [c for u in units for c in (list(u) if all(map(is_han, u)) else [u])]
+            if chars != units:
+                examples.append(Example(source.vocab.encode(chars), tgt))
+    for p in tatoeba:
+        examples.append(Example(source.encode(p.zh), target.encode(p.en)))
+    n_glosses = 0
+    for word, gloss in glosses.items():
+        ids = target.encode(gloss)
+        if len(ids) <= GLOSS_MAX_TOKENS:
+            examples.append(Example(source.vocab.encode([word]), ids))
+            n_glosses += 1
+    max_len = recipe.model.get("max_len", 256)
+    kept = [e for e in examples if e.width <= max_len]
+    dev = corpus.dev[:dev_limit] if dev_limit else corpus.dev
+    return Data(source, target, kept, dev,
+                {"pairs": len(hsk) + len(tatoeba), "hsk_pairs": len(hsk), "tatoeba_pairs": len(tatoeba),
+                 "glosses": n_glosses, "examples": len(kept), "dropped_too_long": len(examples) - len(kept),
+                 "target_tokens": sum(len(e.tgt) + 1 for e in kept)})
+
+
+def with_characters(source: SourceTokenizer, unit_sequences) -> SourceTokenizer:
+    """The same tokenizer plus every Han character of the given units as a unit of count 1.
+
+    Known words keep their counts, so segmentation of known words is unchanged; an unknown word is
+    then cut into known characters instead of falling back to <unk>.
+    """
+    words = source.vocab.tokens[len(SPECIAL_TOKENS):]
+    chars = sorted({c for units in unit_sequences for u in units for c in u if is_han(c)} - set(words))
+    counts = {**{c: 1 for c in chars}, **source.vocab.counts}
+    return SourceTokenizer(Vocab(words + chars, counts), source.mode)

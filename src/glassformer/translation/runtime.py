@@ -1,0 +1,85 @@
+"""Where and how a training run executes: the device, DDP ranks (torchrun), and stopping on Ctrl-C / SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import UsageError
+
+
+# ---- distributed ---------------------------------------------------------------------------
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+
+def init_distributed(device: torch.device) -> Dist:
+    """Join the process group torchrun describes (gloo on CPU, nccl on CUDA); single process otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist()
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return Dist(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def pick_device(name: str, local_rank: int = 0) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: no CUDA device is available")
+        return torch.device("cuda", local_rank)
+    if name != "cpu":
+        raise UsageError(f"--device must be auto, cpu or cuda, got {name!r}")
+    return torch.device("cpu")
+
+
+# ---- stopping ------------------------------------------------------------------------------
+class StopFlag:
+    """SIGINT/SIGTERM set a flag checked between steps, so a checkpoint is saved at a clean point.
+
+    A second SIGINT raises KeyboardInterrupt at once.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._old: dict[int, Any] = {}
+
+    def _handler(self, signum, frame) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __enter__(self) -> StopFlag:
+        if _in_main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def _in_main_thread() -> bool:
+
+    return threading.current_thread() is threading.main_thread()
