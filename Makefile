@@ -8,7 +8,7 @@ GF := $(VENV)/bin/glassformer
 STAMP := $(VENV)/.installed
 MODEL ?= runs/default
 
-.PHONY: demo test lint bench bench-quick bench-gpu venv clean
+.PHONY: demo test lint bench bench-quick bench-gpu venv clean notebook
 
 venv: $(STAMP)
 
@@ -36,6 +36,11 @@ demo: $(STAMP)
 	$(GF) evaluate --model $(MODEL) --split test --beam 4
 	$(GF) explain --model $(MODEL) "我昨天给了他一本书。" --target "I gave him a book yesterday."
 	$(GF) translate --model $(MODEL) --beam 4 "我昨天给了他一本书。" "他昨天给了我一本书。" "我喜欢喝茶。" "你明天去学校吗？"
+
+# The lesson as notebooks (notebooks/README.md): installs the `notebook` extra, opens JupyterLab there.
+notebook: $(STAMP)
+	$(PY) -m pip install --quiet -e ".[notebook]"
+	$(VENV)/bin/jupyter lab notebooks/
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -1,0 +1,46 @@
+import os
+import warnings
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib import font_manager
+
+
+def T(zh, en):
+    """The text of the notebook's language."""
+    return zh if LANG == "zh" else en
+
+
+# A trained translator (`make demo` trains one into runs/default); without it the seeded untrained model.
+MODEL_DIR = Path(os.environ.get("GLASSFORMER_MODEL", "../../runs/default"))
+
+# Chinese labels need a CJK font: take the first one installed.
+CJK_FONTS = ["Noto Sans CJK SC", "Source Han Sans SC", "WenQuanYi Micro Hei", "WenQuanYi Zen Hei", "SimHei",
+             "Microsoft YaHei", "PingFang SC", "Heiti SC", "Arial Unicode MS"]
+installed = {f.name for f in font_manager.fontManager.ttflist}
+cjk = [name for name in CJK_FONTS if name in installed]
+plt.rcParams["font.sans-serif"] = cjk + plt.rcParams["font.sans-serif"]
+plt.rcParams["axes.unicode_minus"] = False
+if not cjk:
+    warnings.filterwarnings("ignore", message="Glyph .* missing from")
+    print(T("没有找到中文字体，图里的汉字会显示成方框（例如装 fonts-noto-cjk 或 fonts-wqy-microhei）。",
+            "No CJK font found: Chinese labels will show as boxes (install e.g. fonts-noto-cjk)."))
+np.set_printoptions(precision=6, suppress=True)
+
+
+def heatmap(ax, m, rows=None, cols=None, title="", digits=2, cmap="viridis"):
+    """A small matrix as a heat map with its numbers written in; None / -inf (masked) cells stay blank."""
+    a = np.array([[np.nan if v is None else v for v in row] for row in np.atleast_2d(np.asarray(m, dtype=object))],
+                 dtype=float)
+    shown = np.where(np.isfinite(a), a, np.nan)
+    ax.imshow(shown, cmap=cmap, aspect="auto")
+    middle = np.nanmean(shown) if np.isfinite(shown).any() else 0.0
+    for (i, j), v in np.ndenumerate(a):
+        label = f"{v:.{digits}f}" if np.isfinite(v) else "−∞"
+        ax.text(j, i, label, ha="center", va="center", fontsize=8,
+                color="white" if np.isfinite(v) and v < middle else "black")
+    ax.set_xticks(range(a.shape[1]), cols if cols is not None else range(a.shape[1]))
+    ax.set_yticks(range(a.shape[0]), rows if rows is not None else range(a.shape[0]))
+    ax.set_title(title, fontsize=10)
+    return ax

@@ -1,0 +1,173 @@
+"""The notebooks: built from one source per chapter, committed without outputs, Chinese and English in step,
+and every cell of every notebook runs top to bottom against the seeded untrained model.
+
+All notebooks run in one kernel (imports are paid once); before each one the namespace is wiped and the
+working directory moved to the notebook's folder, so no notebook can lean on another's variables.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import nbclient
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+LANGS = ("zh", "en")
+HAN = re.compile(r"[\u4e00-\u9fff]")
+EXECUTION_LIMIT_S = 120        # the whole set; it takes well under a minute on a quiet machine
+
+
+def _builder():
+    spec = importlib.util.spec_from_file_location("notebook_build", NOTEBOOKS / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _committed() -> list[Path]:
+    return sorted(p for lang in LANGS for p in (NOTEBOOKS / lang).glob("*.ipynb"))
+
+
+def _read(path: Path):
+    return nbformat.read(path, as_version=4)
+
+
+def test_every_chapter_has_both_languages_and_matches_its_source():
+    build = _builder()
+    chapters = build.chapters()
+    assert len(chapters) >= 4
+    assert build.stale() == []
+    names = {lang: sorted(p.name for p in (NOTEBOOKS / lang).glob("*.ipynb")) for lang in LANGS}
+    assert names["zh"] == names["en"] == sorted(f"{c.stem}.ipynb" for c in chapters)
+
+
+def test_a_notebook_edited_by_hand_is_reported_stale(tmp_path, monkeypatch):
+    build = _builder()
+    for lang in LANGS:
+        (tmp_path / lang).mkdir()
+        for path in (NOTEBOOKS / lang).glob("*.ipynb"):
+            (tmp_path / lang / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    monkeypatch.setattr(build, "HERE", tmp_path)
+    assert build.stale() == []
+    victim = tmp_path / "en" / f"{build.chapters()[0].stem}.ipynb"
+    nb = json.loads(victim.read_text(encoding="utf-8"))
+    nb["cells"][0]["source"] = "# edited only in English\n"
+    victim.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert [p.split(":")[0] for p in build.stale()] == [f"en/{victim.name}"]
+
+
+def test_a_chinese_cell_without_its_english_twin_is_refused(tmp_path):
+    build = _builder()
+    source = tmp_path / "99_orphan.py"
+    source.write_text("# %% md zh\n# 只有中文\n# %%\nx = 1\n", encoding="utf-8")
+    with pytest.raises(build.SourceError, match="twin"):
+        build.build(source, "en")
+
+
+def test_committed_notebooks_carry_no_outputs():
+    notebooks = _committed()
+    assert notebooks
+    for path in notebooks:
+        for cell in _read(path).cells:
+            if cell.cell_type == "code":
+                assert cell.outputs == [], f"{path.name}: a cell keeps its outputs"
+                assert cell.execution_count is None, f"{path.name}: a cell keeps its execution count"
+
+
+def test_twins_run_the_same_code_and_speak_their_language():
+    for zh_path in sorted((NOTEBOOKS / "zh").glob("*.ipynb")):
+        zh, en = _read(zh_path), _read(NOTEBOOKS / "en" / zh_path.name)
+        assert [c.cell_type for c in zh.cells] == [c.cell_type for c in en.cells], zh_path.name
+        for a, b in zip(zh.cells, en.cells, strict=True):
+            if a.cell_type == "code":
+                assert a.source.replace('LANG = "zh"', 'LANG = "en"', 1) == b.source, zh_path.name
+            else:
+                assert HAN.search(a.source), f"{zh_path.name}: a Chinese Markdown cell has no Chinese"
+                prose = HAN.sub("", b.source)
+                assert len(HAN.findall(b.source)) < len(re.findall(r"[A-Za-z]", prose)) / 4, \
+                    f"{zh_path.name}: an English Markdown cell reads mostly Chinese"
+
+
+def _execute_all(paths: list[Path], env: dict[str, str]) -> tuple[dict[Path, object], float]:
+    """Run every notebook in one kernel; each starts with an empty namespace in its own folder."""
+    from jupyter_client.utils import run_sync
+
+    owner = nbclient.NotebookClient(_read(paths[0]), kernel_name="python3")
+    km = owner.create_kernel_manager()
+    start = time.perf_counter()
+    owner.start_new_kernel(cwd=str(paths[0].parent), env={**os.environ, **env})
+    done = {}
+    try:
+        for path in paths:
+            nb = _read(path)
+            fresh = nbformat.v4.new_code_cell(
+                f"%reset -f\nimport os\nos.chdir({str(path.parent)!r})\n"
+                "%config InlineBackend.print_figure_kwargs = {'bbox_inches': None}")
+            nb.cells.insert(0, fresh)
+            client = nbclient.NotebookClient(nb, km=km, timeout=EXECUTION_LIMIT_S, allow_errors=False)
+            client.execute()                                          # the kernel stays up for the next one
+            client.kc.stop_channels()
+            done[path] = nb
+    finally:
+        run_sync(km.shutdown_kernel)(now=True)
+    return done, time.perf_counter() - start
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    env = {"GLASSFORMER_MODEL": str(tmp_path_factory.mktemp("no_model") / "runs" / "default"),
+           "OMP_NUM_THREADS": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+    return _execute_all(_committed(), env)
+
+
+def _text(nb) -> str:
+    out = []
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            out.append(output.get("text", "") or output.get("data", {}).get("text/plain", ""))
+    return "\n".join(out)
+
+
+def test_every_notebook_runs_to_the_end_in_both_languages(executed):
+    notebooks, seconds = executed
+    assert set(notebooks) == set(_committed())
+    assert seconds < EXECUTION_LIMIT_S
+    for path, nb in notebooks.items():
+        last = [c for c in nb.cells if c.cell_type == "code"][-1]
+        assert last.execution_count is not None, f"{path.name}: the last cell did not run"
+        figures = sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+        assert figures >= 1, f"{path}: no figure drawn"
+
+
+def test_the_notebooks_show_the_lessons_numbers(executed):
+    notebooks, _ = executed
+    for lang in LANGS:
+        block = _text(notebooks[NOTEBOOKS / lang / "01_block.ipynb"])
+        for printed in ("0.422319 0.155362 0.422319", "1.266956 1.466087", "0.707107", "0.401112"):
+            assert printed in block, (lang, printed)
+        gaps = [float(g) for g in re.findall(r"(?:差|gap) (\d\.\de[-+]\d\d)", block)]
+        assert len(gaps) == 8 and max(gaps) <= 5e-7, gaps
+        masks = _text(notebooks[NOTEBOOKS / lang / "02_masks.ipynb"])
+        assert "[6, 3] = 9" in masks
+        positions = _text(notebooks[NOTEBOOKS / lang / "03_positions.ipynb"])
+        off, on = (float(x) for x in re.findall(r"max \|H' − PH\| = (\S+)", positions))
+        assert off < 1e-5 < 1e-2 < on
+        decoding = _text(notebooks[NOTEBOOKS / lang / "05_decoding.ipynb"])
+        assert decoding.count("True") >= 2 and "False" not in decoding
+
+
+def test_a_cell_that_raises_fails_the_run(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1"),
+                                         nbformat.v4.new_code_cell("raise ValueError('broken cell')")])
+    path = tmp_path / "broken.ipynb"
+    nbformat.write(nb, path)
+    with pytest.raises(nbclient.exceptions.CellExecutionError, match="broken cell"):
+        _execute_all([path], {})
