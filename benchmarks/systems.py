@@ -1,6 +1,7 @@
 """The three systems, each written from its own public API the ordinary way a user would write it.
 
-- glassformer: `Transformer.loss` for training, `encode` / `new_cache` / `decode_step` for decoding.
+- glassformer: `Transformer.loss` for training; decoding through `glassformer.inference.StepDecoder`
+  (`encode` / `new_cache` / `decode_step`) under the project's thread policy.
 - torch: `torch.nn.Transformer` with its own embeddings, sinusoidal positions, tied generator and masks
   (the PyTorch translation tutorial's shape); decoding recomputes the whole prefix each step.
 - marian: `transformers.MarianMTModel(MarianConfig(...))` with random weights; `generate` for decoding.
@@ -123,7 +124,7 @@ class Glassformer(System):
 
         cfg = ModelConfig(src_vocab=spec.vocab, tgt_vocab=spec.vocab, d_model=spec.d_model, heads=spec.heads,
                           d_ff=spec.d_ff, encoder_layers=spec.layers, decoder_layers=spec.layers,
-                          dropout=spec.dropout, norm="post", positions="sinusoidal", activation="relu",
+                          dropout=spec.dropout, norm="post", positions="sinusoidal",
                           tie_target=True, max_len=spec.max_len, pad_id=PAD)
         return Transformer(cfg)
 
@@ -131,17 +132,32 @@ class Glassformer(System):
         total, n = self.model.loss(batch.src, batch.tgt_in, batch.labels)
         return total / n
 
+    @property
+    def decoder(self):
+        """glassformer.inference's StepDecoder over the decoding model (built once: its weights stay fixed)."""
+        if getattr(self, "_decoder", None) is None:
+            from glassformer.inference import StepDecoder
+            self._decoder = StepDecoder(self.fresh)
+        return self._decoder
+
+    @staticmethod
+    def threads(rows: int):
+        """The project's thread policy for a decoding job of `rows` rows per step (never above --threads)."""
+        from glassformer.inference import decoding_threads, use_threads
+        return use_threads(decoding_threads(rows))
+
     @torch.inference_mode()
     def greedy(self, src: Tensor, n_new: int) -> Tensor:
-        m = self.fresh
-        src_pad = src == PAD
-        memory = m.encode(src, src_pad)                                      # (batch, S, d)
-        cache = m.new_cache()
-        token = torch.full((src.size(0), 1), BOS, dtype=torch.long)
-        out = []
-        for _ in range(n_new):
-            token = m.decode_step(token, memory, src_pad, cache)[:, -1].argmax(-1, keepdim=True)
-            out.append(token)
+        m = self.decoder
+        with self.threads(src.size(0)):
+            src_pad = src == PAD
+            memory = m.encode(src, src_pad)                                  # (batch, S, d)
+            cache = m.new_cache()
+            token = torch.full((src.size(0), 1), BOS, dtype=torch.long)
+            out = []
+            for _ in range(n_new):
+                token = m.decode_step(token, memory, src_pad, cache)[:, -1].argmax(-1, keepdim=True)
+                out.append(token)
         return torch.cat(out, dim=1)                                         # (batch, n_new)
 
     @torch.inference_mode()
@@ -150,18 +166,19 @@ class Glassformer(System):
 
         It stops a hypothesis at EOS; the harness checks that every one ran the full n_new steps.
         """
-        m = self.fresh
+        m = self.decoder
         try:
             from glassformer.translation.decode import beam_search
         except ImportError:
             return self._beam_loop(src, n_new, beams)
-        out = beam_search(m, src, beam=beams, max_len=n_new)
+        with self.threads(src.size(0) * beams):
+            out = beam_search(m, src, beam=beams, max_len=n_new)
         if any(len(ids) != n_new for ids in out):
             raise RuntimeError(f"beam_search stopped at EOS: lengths {[len(ids) for ids in out]}")
         return torch.tensor(out, dtype=torch.long)
 
     def _beam_loop(self, src: Tensor, n_new: int, beams: int) -> Tensor:
-        m = self.fresh
+        m = self.decoder
         src_pad = (src == PAD).repeat_interleave(beams, 0)                   # (batch*beams, S)
         memory = m.encode(src, src == PAD).repeat_interleave(beams, 0)       # (batch*beams, S, d)
 
@@ -181,12 +198,15 @@ class Glassformer(System):
         memory = m.encode(src, src_pad)
         ids = torch.randint(4, self.spec.vocab, (src.size(0), prefix + steps))
         if cached:
-            cache = m.new_cache()
-            m.decode_step(ids[:, :prefix], memory, src_pad, cache)           # prefill, untimed
-            t0 = time.perf_counter()
-            for i in range(prefix, prefix + steps):
-                m.decode_step(ids[:, i: i + 1], memory, src_pad, cache)
-            return (time.perf_counter() - t0) / steps
+            d = self.decoder
+            cache = d.new_cache()
+            with self.threads(src.size(0)):
+                for i in range(prefix):                                      # prefill, untimed
+                    d.decode_step(ids[:, i: i + 1], memory, src_pad, cache)
+                t0 = time.perf_counter()
+                for i in range(prefix, prefix + steps):
+                    d.decode_step(ids[:, i: i + 1], memory, src_pad, cache)
+                return (time.perf_counter() - t0) / steps
         t0 = time.perf_counter()
         for _ in range(steps):
             m.logits(m.decode(ids[:, : prefix + 1], memory, src_pad)[:, -1])

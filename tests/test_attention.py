@@ -1,22 +1,31 @@
-"""MultiHeadAttention: the fast and glass paths agree; masks, empty rows, heads, the KV cache."""
+"""Self- and cross-attention: the SDPA and math backends agree; masks, empty rows, heads, the KV cache."""
 
 import math
 
 import pytest
 import torch
 
-from glassformer.model import KVCache, ModelConfig, MultiHeadAttention, Trace, causal_mask, padding_mask
+from glassformer.model import (
+    CrossAttention,
+    KVCache,
+    ModelConfig,
+    SelfAttention,
+    causal_mask,
+    intervene,
+    padding_mask,
+    probes,
+)
 from glassformer.model.positions import RelativePositionBias, RotaryEmbedding
 
 
-def pair(**kw):
-    """The same weights behind a fast-path and a glass-path module."""
-    fast = MultiHeadAttention(12, 3, 4, 5, path="fast", **kw).eval()
-    glass = MultiHeadAttention(12, 3, 4, 5, path="glass", **kw).eval()
-    glass.load_state_dict(fast.state_dict())
+def pair(kind=SelfAttention, **kw):
+    """The same weights behind an SDPA-backend and a math-backend module."""
+    fast = kind(12, 3, 4, 5, path="fast", **kw).eval()
+    glass = kind(12, 3, 4, 5, path="glass", **kw).eval()
     with torch.no_grad():
-        fast.in_proj.bias.normal_()
-        glass.in_proj.bias.copy_(fast.in_proj.bias)
+        for p in fast.parameters():
+            p.normal_(0, 0.3)                              # biases too: not zero
+    glass.load_state_dict(fast.state_dict())
     return fast, glass
 
 
@@ -49,7 +58,7 @@ def test_fast_and_glass_paths_agree_self_attention(kind, positions):
 
 
 def test_fast_and_glass_paths_agree_cross_attention():
-    fast, glass = pair()
+    fast, glass = pair(CrossAttention)
     x, memory = torch.randn(2, 5, 12), torch.randn(2, 8, 12)
     pad = torch.zeros(2, 8, dtype=torch.bool)
     pad[0, 4:] = True
@@ -64,9 +73,8 @@ def test_glass_path_is_the_formula():
     _, glass = pair()
     x = torch.randn(1, 6, 12, dtype=torch.float64)
     glass = glass.double()
-    trace = Trace()
-    with torch.no_grad():
-        out = glass(x, trace=trace, prefix="att")
+    with torch.no_grad(), probes(glass, "head.*.weights") as trace:
+        out = glass(x)
         w, bias = glass.in_proj.weight, glass.in_proj.bias
         heads = []
         for h in range(3):
@@ -76,11 +84,11 @@ def test_glass_path_is_the_formula():
             s = q @ k.T / math.sqrt(4)
             a = torch.exp(s - s.max(dim=1, keepdim=True).values)
             a = a / a.sum(dim=1, keepdim=True)
-            assert torch.allclose(trace[f"att.head.{h}.weights"][0], a, atol=1e-12)
+            assert torch.allclose(trace[f"head.{h}.weights"][0], a, atol=1e-12)
             heads.append(a @ v)
         expected = torch.cat(heads, dim=1) @ glass.out_proj.weight.T + glass.out_proj.bias
     assert torch.allclose(out[0], expected, atol=1e-12)
-    weights = trace["att.head.0.weights"][0]
+    weights = trace["head.0.weights"][0]
     assert torch.allclose(weights.sum(dim=-1), torch.ones(6, dtype=torch.float64))   # rows sum to 1
     assert not torch.allclose(weights.sum(dim=0), torch.ones(6, dtype=torch.float64))  # columns need not
 
@@ -88,18 +96,18 @@ def test_glass_path_is_the_formula():
 @pytest.mark.parametrize("path", ["fast", "glass"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_row_without_visible_key_gives_zeros_not_nan(path, dtype):
-    mha = MultiHeadAttention(8, 2, 4, 4, path=path).to(dtype)
+    mha = SelfAttention(8, 2, 4, 4, path=path).to(dtype)
     x = torch.randn(2, 4, 8, dtype=dtype, requires_grad=True)
     mask = torch.ones(2, 1, 4, 4, dtype=torch.bool)
     mask[0, :, 2, :] = False                              # sentence 0, query row 2 sees nothing
-    trace = Trace() if path == "glass" else None
-    out = mha(x, mask=mask, trace=trace, prefix="a")
+    with probes(mha, "head.*.weights" if path == "glass" else "output") as trace:
+        out = mha(x, mask=mask)
     assert torch.isfinite(out.float()).all()
     bias_only = mha.out_proj.bias.to(dtype)
     assert torch.allclose(out[0, 2].float(), bias_only.float())  # zero head outputs -> only the W^O bias
-    if trace is not None:
-        assert torch.all(trace["a.head.0.weights"][0, 2] == 0)
-        assert torch.allclose(trace["a.head.0.weights"][0, 1].float().sum(), torch.tensor(1.0), atol=1e-2)
+    if path == "glass":
+        assert torch.all(trace["head.0.weights"][0, 2] == 0)
+        assert torch.allclose(trace["head.0.weights"][0, 1].float().sum(), torch.tensor(1.0), atol=1e-2)
     out.float().sum().backward()
     assert torch.isfinite(x.grad.float()).all()
 
@@ -108,22 +116,24 @@ def test_switched_off_head_removes_exactly_its_contribution():
     _, glass = pair()
     glass = glass.double()
     x = torch.randn(2, 5, 12, dtype=torch.float64)
-    t_all, t_off = Trace(), Trace()
+    off = {"head.1.output": lambda value, name: torch.zeros_like(value)}
     with torch.no_grad():
-        full = glass(x, trace=t_all, prefix="a")
-        glass.disabled_heads = {1}
-        off = glass(x, trace=t_off, prefix="a")
+        with probes(glass) as t_all:
+            full = glass(x)
+        with intervene(glass, off), probes(glass) as t_off:
+            switched = glass(x)
     w_o = glass.out_proj.weight                            # (d, H*d_v)
-    head1 = t_all["a.head.1.output"] @ w_o[:, 5:10].T      # head 1's share of W^O's output
-    assert torch.allclose(full - off, head1, atol=1e-12)
-    assert torch.all(t_off["a.concat"][..., 5:10] == 0)
-    assert torch.allclose(t_off["a.head.0.output"], t_all["a.head.0.output"])  # other heads unchanged
-    assert torch.allclose(t_off["a.concat"][..., :5], t_all["a.concat"][..., :5])
+    head1 = t_all["head.1.output"] @ w_o[:, 5:10].T        # head 1's share of W^O's output
+    assert torch.allclose(full - switched, head1, atol=1e-12)
+    assert torch.all(t_off["concat"][..., 5:10] == 0)
+    assert torch.all(t_off["head.1.output"] == 0)          # recorded after the switch: what flows on
+    assert torch.allclose(t_off["head.0.output"], t_all["head.0.output"])  # other heads unchanged
+    assert torch.allclose(t_off["concat"][..., :5], t_all["concat"][..., :5])
 
 
 @pytest.mark.parametrize("path", ["fast", "glass"])
 def test_kv_cache_one_row_per_step_equals_full_causal(path):
-    mha = MultiHeadAttention(12, 3, 4, 4, path=path, rope=RotaryEmbedding(4)).eval()
+    mha = SelfAttention(12, 3, 4, 4, path=path, rope=RotaryEmbedding(4)).eval()
     x = torch.randn(2, 7, 12)
     with torch.no_grad():
         full = mha(x, causal=True)
@@ -134,7 +144,7 @@ def test_kv_cache_one_row_per_step_equals_full_causal(path):
 
 
 def test_cross_attention_cache_is_computed_once():
-    mha = MultiHeadAttention(12, 3, 4, 4).eval()
+    mha = CrossAttention(12, 3, 4, 4).eval()
     memory = torch.randn(2, 6, 12)
     cache = KVCache(static=True)
     calls = []
@@ -164,12 +174,71 @@ def test_causal_mask_alignment_with_cache_offset():
 def test_unscaled_scores_switch():
     cfg = ModelConfig.tiny()
     assert cfg.scale_scores
-    mha = MultiHeadAttention(4, 1, 4, 4, scale=False, path="glass").double()
+    mha = SelfAttention(4, 1, 4, 4, scale=False, path="glass").double()
     with torch.no_grad():
         mha.in_proj.weight.copy_(torch.eye(4).repeat(3, 1))
         mha.in_proj.bias.zero_()
     x = torch.tensor([[[1.0, 0, 1, 0], [0, 1, 0, 2]]], dtype=torch.float64)
-    t = Trace()
-    mha(x, trace=t, prefix="a")
-    assert torch.allclose(t["a.head.0.scaled_scores"], t["a.head.0.scores"])
-    assert t["a.head.0.scores"][0].tolist() == [[2.0, 0.0], [0.0, 5.0]]
+    with probes(mha, "head.0.*") as t:
+        mha(x)
+    assert torch.allclose(t["head.0.scaled_scores"], t["head.0.scores"])
+    assert t["head.0.scores"][0].tolist() == [[2.0, 0.0], [0.0, 5.0]]
+
+
+def test_cross_attention_loads_the_fused_in_proj_layout():
+    """Checkpoints store cross-attention as one in_proj [W^Q | W^K | W^V]: its rows land in q_proj / kv_proj."""
+    fused = torch.randn(3 * (4 + 4 + 5), 12)              # (H(2 d_k + d_v), d)
+    bias = torch.randn(3 * (4 + 4 + 5))
+    mha = CrossAttention(12, 3, 4, 5)
+    mha.load_state_dict({"in_proj.weight": fused, "in_proj.bias": bias,
+                         "out_proj.weight": mha.out_proj.weight.detach(), "out_proj.bias": mha.out_proj.bias.detach()})
+    assert torch.equal(mha.q_proj.weight, fused[:12]) and torch.equal(mha.kv_proj.weight, fused[12:])
+    assert torch.equal(mha.q_proj.bias, bias[:12]) and torch.equal(mha.kv_proj.bias, bias[12:])
+
+
+def test_head_hooks_switch_to_the_math_backend_and_back(monkeypatch):
+    """Nothing attached: SDPA runs. A per-head probe: the math backend runs, with the same numbers."""
+    import glassformer.model.attention as attention
+    fast, _ = pair()
+    calls = []
+    real = attention.attend_math
+    monkeypatch.setattr(attention, "attend_math", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x = torch.randn(2, 5, 12)
+    with torch.no_grad():
+        plain = fast(x, causal=True)
+        assert calls == []
+        with probes(fast, "head.2.weights") as rec:
+            hooked = fast(x, causal=True)
+        assert calls == [1] and rec["head.2.weights"].shape == (2, 5, 5)
+        assert torch.all(rec["head.2.weights"].triu(1) == 0)          # the triangle reached the math backend
+        fast(x, causal=True)
+        assert calls == [1]                                            # detached again: back to SDPA
+    assert torch.allclose(plain, hooked, atol=1e-5)
+
+
+def test_patching_a_head_output_from_another_run():
+    """Write head 0's output of run A into run B: B's output moves by exactly head 0's W^O share of A − B."""
+    _, glass = pair()
+    glass = glass.double()
+    xa, xb = torch.randn(1, 4, 12, dtype=torch.float64), torch.randn(1, 4, 12, dtype=torch.float64)
+    with torch.no_grad():
+        with probes(glass, "head.0.output") as clean:
+            glass(xa)
+        with probes(glass, "head.0.output") as corrupt:
+            out_b = glass(xb)
+        with intervene(glass, {"head.0.output": lambda v, n: clean[n]}):
+            patched = glass(xb)
+    w_o = glass.out_proj.weight[:, :5]                                 # head 0's columns of W^O
+    want = out_b + (clean["head.0.output"] - corrupt["head.0.output"]) @ w_o.T
+    assert torch.allclose(patched, want, atol=1e-12)
+
+
+def test_hook_errors_name_the_problem():
+    mha = SelfAttention(12, 3, 4, 4)
+    with pytest.raises(KeyError, match="head.9.output"):
+        with intervene(mha, {"head.9.output": lambda v, n: v}):
+            pass
+    with pytest.raises(ValueError, match="head.0.weights"):
+        with intervene(mha, {"head.0.weights": lambda v, n: v[..., :1]}):
+            mha(torch.randn(1, 3, 12))
+    assert not any(p.fns for p in mha.modules() if hasattr(p, "fns"))  # everything detached after the error

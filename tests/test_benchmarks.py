@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 from benchmarks import run, stats
 from benchmarks.systems import Glassformer, Marian, TorchTransformer, make_system
 from benchmarks.work import (
@@ -20,7 +19,6 @@ from benchmarks.work import (
 )
 
 from glassformer.model import ModelConfig, Transformer
-from glassformer.model.linear import linear, wide_columns
 from glassformer.model.packing import Rows
 
 TINY = Spec(vocab=60, d_model=16, heads=2, d_ff=32, layers=2, dropout=0.0, max_len=64)
@@ -210,31 +208,3 @@ def test_rows_pack_and_unpack_are_inverse():
     assert packed.tolist() == [[0, 1], [2, 3], [8, 9], [10, 11]]
     assert rows.positions.tolist() == [0, 1, 1, 2]
     assert torch.equal(rows.unpack(packed), x * keep[..., None])
-
-
-@pytest.mark.parametrize("shape", [(48, 16), (16, 48), (16, 16)])
-@pytest.mark.parametrize("cut", [None, slice(0, 8), slice(8, None)])
-def test_inference_linear_equals_f_linear(shape, cut):
-    w, b, x = torch.randn(*shape), torch.randn(shape[0]), torch.randn(3, 5, shape[1])
-    expected = F.linear(x, w if cut is None else w[cut], b if cut is None else b[cut])
-    with torch.no_grad():
-        assert torch.allclose(linear(x, w, b, cut), expected, atol=1e-5)
-        assert torch.allclose(linear(x, w, None, cut), expected - (b if cut is None else b[cut]), atol=1e-5)
-        assert (wide_columns(w) is None) == (shape[0] < shape[1])       # the W^T copy only for wide W
-    assert wide_columns(w) is None                                       # training: autograd's F.linear
-
-
-@pytest.mark.parametrize("rows", [2, 8])                                 # 8 rows take the pre-blocked path
-def test_cached_weights_follow_weight_updates(rows):
-    model = Transformer(ModelConfig.tiny(src_vocab=30, tgt_vocab=30))
-    opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    hidden = torch.randn(rows, 1, 32)
-    with torch.no_grad():
-        before = model.logits(hidden)
-    model.logits(torch.randn(4, 32)).sum().backward()
-    opt.step()                                                           # changes the tied head in place
-    with torch.no_grad():
-        after = model.logits(hidden)
-        direct = hidden @ model.generator.weight.T
-    assert not torch.allclose(before, after, atol=1e-3)
-    assert torch.allclose(after, direct, atol=1e-5)

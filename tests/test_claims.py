@@ -13,8 +13,7 @@ import torch.nn.functional as F
 import glassformer.model.attention as attention_module
 from glassformer.lesson import claims
 from glassformer.lesson.claims import CHECKS, Claim, run_all, run_check
-from glassformer.model.attention import MultiHeadAttention
-from glassformer.model.trace import join
+from glassformer.model.attention import CrossAttention
 from glassformer.model.transformer import Transformer
 
 CLAIM_IDS = ([f"A{i}" for i in range(1, 8)] + [f"B{i}" for i in range(1, 9)] + [f"C{i}" for i in range(1, 7)]
@@ -52,39 +51,37 @@ def test_a_crashing_check_is_a_failure(monkeypatch):
 
 # ---- plausible bugs, patched into the model code; the guarding checks must fail -----------------
 
-def _buggy_glass(bug: str):
-    """The glass path with one mistake; records the same probes so the checks can read them."""
-    def _glass(self, q, k, v, mask, bias, trace, prefix):
-        scores = q @ k.transpose(-2, -1)                                     # (batch, heads, query, key)
-        root = math.sqrt(self.d_k) if self.scale else 1.0
+def _buggy_attend(bug: str):
+    """The math backend with one mistake; it still passes every value through the head hook points."""
+    def attend_math(q, k, v, mask=None, bias=None, *, scale=True, dropout=0.0, heads=None):
+        def hook(part, x):
+            return x if heads is None else attention_module._per_head(heads, part, x)
+        q, k, v = hook("q", q), hook("k", k), hook("v", v)
+        scores = hook("scores", q @ k.transpose(-2, -1))                     # (batch, heads, query, key)
+        root = math.sqrt(q.size(-1)) if scale else 1.0
         scaled = scores if bug == "scale_after_softmax" else scores / root
         if bias is not None:
             scaled = scaled + bias
         if mask is not None:
             scaled = scaled.masked_fill(~mask, float("-inf"))
+        scaled = hook("scaled_scores", scaled)
         if bug == "scale_after_softmax":
             weights = torch.softmax(scaled, dim=-1) / root                   # probabilities divided afterwards
         else:                                                                # softmax along the query axis
             weights = torch.nan_to_num(torch.softmax(scaled, dim=-2))
-        out = weights @ v
-        if trace is not None:
-            for h in range(self.heads):
-                head = join(prefix, f"head.{h}")
-                for name, value in (("q", q), ("k", k), ("v", v), ("scores", scores), ("scaled_scores", scaled),
-                                    ("weights", weights), ("output", out)):
-                    trace.record(f"{head}.{name}", value[:, h])
-        return out
-    return _glass
+        weights = hook("weights", weights)
+        return hook("output", weights @ v)
+    return attend_math
 
 
 def test_scale_after_softmax_is_caught(monkeypatch):
-    monkeypatch.setattr(MultiHeadAttention, "_glass", _buggy_glass("scale_after_softmax"))
+    monkeypatch.setattr(attention_module, "attend_math", _buggy_attend("scale_after_softmax"))
     for claim_id in ("A4", "B3", "A3"):
         assert not run_check(claim_id).passed, claim_id
 
 
 def test_softmax_over_queries_is_caught(monkeypatch):
-    monkeypatch.setattr(MultiHeadAttention, "_glass", _buggy_glass("query_axis"))
+    monkeypatch.setattr(attention_module, "attend_math", _buggy_attend("query_axis"))
     for claim_id in ("A2", "A3", "B3"):
         assert not run_check(claim_id).passed, claim_id
 
@@ -124,11 +121,11 @@ def test_causal_mask_off_by_one_is_caught(monkeypatch, shift):
 
 
 def test_triangle_on_cross_attention_is_caught(monkeypatch):
-    forward = MultiHeadAttention.forward
+    attend = CrossAttention.attend
 
-    def with_triangle(self, x, memory=None, mask=None, *, causal=False, **kw):
-        return forward(self, x, memory, mask, causal=causal or memory is not None, **kw)
-    monkeypatch.setattr(MultiHeadAttention, "forward", with_triangle)
+    def with_triangle(self, q, k, v, mask, bias, causal_offset=None):
+        return attend(self, q, k, v, mask, bias, 0)                         # queries see keys j <= i only
+    monkeypatch.setattr(CrossAttention, "attend", with_triangle)
     for claim_id in ("D2", "D4"):
         assert not run_check(claim_id).passed, claim_id
 
@@ -149,15 +146,14 @@ def test_pad_keys_left_visible_are_caught(monkeypatch):
 
 
 def test_switched_off_head_ignored_is_caught(monkeypatch):
-    forward = MultiHeadAttention.forward
+    """The head switch is a hook that replaces the head's output; a hook whose value is dropped is caught."""
+    from glassformer.model.hooks import HookPoint
 
-    def ignore_switch(self, *args, **kw):
-        saved, self.disabled_heads = self.disabled_heads, set()
-        try:
-            return forward(self, *args, **kw)
-        finally:
-            self.disabled_heads = saved
-    monkeypatch.setattr(MultiHeadAttention, "forward", ignore_switch)
+    def replacement_ignored(self, x):
+        for name, fn in self.fns:
+            fn(x, name)                                                      # called, its result thrown away
+        return x
+    monkeypatch.setattr(HookPoint, "forward", replacement_ignored)
     for claim_id in ("B8", "G1"):
         assert not run_check(claim_id).passed, claim_id
 
@@ -177,12 +173,3 @@ def test_seeded_model_is_reproducible_and_leaves_the_global_seed_alone():
     b = claims.seeded_model(3)
     assert torch.equal(before, after)
     assert torch.equal(a.src_embed.token.weight, b.src_embed.token.weight)
-
-
-def test_one_thread_restores_the_thread_count_when_nested():
-    torch.set_num_threads(2)
-    with claims.one_thread():
-        with claims.one_thread():
-            assert torch.get_num_threads() == 1
-        assert torch.get_num_threads() == 1
-    assert torch.get_num_threads() == 2

@@ -16,10 +16,9 @@ def cfg(norm: str, **kw) -> ModelConfig:
 
 
 def copy_attention(ours, theirs: nn.MultiheadAttention) -> None:
-    ours.in_proj.weight.data.copy_(theirs.in_proj_weight.data)
-    ours.in_proj.bias.data.copy_(theirs.in_proj_bias.data)
-    ours.out_proj.weight.data.copy_(theirs.out_proj.weight.data)
-    ours.out_proj.bias.data.copy_(theirs.out_proj.bias.data)
+    """nn.MultiheadAttention's fused [W^Q | W^K | W^V] rows; cross-attention splits them into q_proj / kv_proj."""
+    ours.load_state_dict({"in_proj.weight": theirs.in_proj_weight.data, "in_proj.bias": theirs.in_proj_bias.data,
+                          "out_proj.weight": theirs.out_proj.weight.data, "out_proj.bias": theirs.out_proj.bias.data})
 
 
 def copy_linear_norms(ours, theirs, norms: list[str]) -> None:

@@ -11,7 +11,6 @@ from glassformer.model import (
     FeedForward,
     ModelConfig,
     ResidualNorm,
-    Trace,
     Transformer,
     build_model,
     sinusoidal_positions,
@@ -104,11 +103,11 @@ def test_permutation_equivariance_without_positions_and_broken_with_them():
         m = model(positions=positions).double()
         src = torch.randint(4, 40, (1, 6))
         perm = torch.tensor([3, 1, 5, 0, 2, 4])
-        trace_a, trace_b = Trace("encoder.0.self_attention.head.0.scores"), Trace(
-            "encoder.0.self_attention.head.0.scores")
         with torch.no_grad():
-            y = m.encode(src, trace=trace_a)
-            y_perm = m.encode(src[:, perm], trace=trace_b)
+            with m.probes("encoder.0.self_attention.head.0.scores") as trace_a:
+                y = m.encode(src)
+            with m.probes("encoder.0.self_attention.head.0.scores") as trace_b:
+                y_perm = m.encode(src[:, perm])
         same = torch.allclose(y_perm, y[:, perm], atol=1e-10)
         assert same is equivariant
         s, s_perm = trace_a["encoder.0.self_attention.head.0.scores"], trace_b[
@@ -179,7 +178,7 @@ def test_rope_is_applied_inside_attention_not_to_embeddings():
     assert torch.allclose(x, m.src_embed.token.weight[ids] * math.sqrt(32))
     assert all(layer.self_attention.rope is not None for layer in m.encoder.layers)
     assert all(layer.self_attention.rope is not None for layer in m.decoder.layers)
-    assert all(layer.cross_attention.rope is None for layer in m.decoder.layers)
+    assert all(not hasattr(layer.cross_attention, "rope") for layer in m.decoder.layers)   # no positions on H
 
 
 def test_loss_counts_only_real_labels_and_matches_full_cross_entropy():
@@ -249,9 +248,11 @@ def test_too_long_and_out_of_range_inputs_raise_clearly():
         m.encode(torch.tensor([[1, 99]]))
 
 
-def _decode_both_ways(m, src, tgt):
-    """Logits of every target row: teacher-forced `decode`, and one `decode_step` per row (the step path)."""
-    with torch.no_grad():
+def _decode_both_ways(m, src, tgt, switched_off=()):
+    """Logits of every target row: teacher-forced `decode`, and one `decode_step` per row (the step path),
+    with the heads named in `switched_off` zeroed by hooks."""
+    off = {name: lambda value, name: torch.zeros_like(value) for name in switched_off}
+    with torch.no_grad(), m.intervene(off):
         memory = m.encode(src)
         forced = m.logits(m.decode(tgt, memory, src == 0))                  # (batch, tgt, vocab)
         cache = m.new_cache()
@@ -271,13 +272,10 @@ def test_one_row_steps_equal_teacher_forcing_with_an_all_pad_source_and_a_head_o
     src, tgt = batch(b=4)
     src[1, 4:] = 0
     src[2, :] = 0                                                          # nothing to read at all
-    m.decoder.layers[0].cross_attention.disabled_heads = {1}
-    m.decoder.layers[1].self_attention.disabled_heads = {0}
-    forced, stepped = _decode_both_ways(m, src, tgt)
+    off = ("decoder.0.cross_attention.head.1.output", "decoder.1.self_attention.head.0.output")
+    forced, stepped = _decode_both_ways(m, src, tgt, off)
     assert torch.isfinite(stepped).all()
     torch.testing.assert_close(stepped, forced, atol=1e-5, rtol=1e-5)
-    m.decoder.layers[0].cross_attention.disabled_heads = set()
-    m.decoder.layers[1].self_attention.disabled_heads = set()
     _, on = _decode_both_ways(m, src, tgt)
     assert not torch.allclose(on, stepped, atol=1e-4)                      # the switch did act on the steps
 
@@ -304,22 +302,50 @@ def test_a_step_without_the_encoder_output_is_refused_not_read_as_self_attention
             m.decode_step(tgt[:, :1], None, src == 0, cache)
 
 
-def test_small_steps_run_on_one_thread_and_give_the_thread_count_back():
-    from glassformer.model.threads import SERIAL_MAX_ROWS, serial_if_small
+def test_probe_names_are_the_documented_ones_in_forward_order():
+    m = model(norm="pre")
+    names = m.hook_names()
+    assert names[0] == "encoder.embedding" and names[-3:] == ["decoder.1.output", "decoder.output", "logits"]
+    for name in ("encoder.0.self_attention.head.3.scaled_scores", "encoder.1.sublayer.1.normed",
+                 "decoder.1.cross_attention.head.0.weights", "decoder.0.ffn.hidden", "decoder.1.sublayer.2.residual",
+                 "decoder.0.cross_attention.concat", "decoder.1.self_attention.mask"):
+        assert name in names, name
+    assert not any(".layers." in n or n.startswith("layers.") for n in names)
+    assert len(names) == len(set(names))
+    assert names.index("decoder.0.sublayer.0.input") < names.index("decoder.0.sublayer.1.input")
 
-    seen = []
-    torch.set_num_threads(2)
-    try:
-        with serial_if_small(1, torch.device("cpu")):                      # batch 1
-            seen.append(torch.get_num_threads())
-        with serial_if_small(SERIAL_MAX_ROWS, torch.device("cpu")):
-            seen.append(torch.get_num_threads())
-        with serial_if_small(SERIAL_MAX_ROWS + 1, torch.device("cpu")):
-            seen.append(torch.get_num_threads())
-        with pytest.raises(RuntimeError):
-            with serial_if_small(1, torch.device("cpu")):
-                raise RuntimeError("inside")
-        seen.append(torch.get_num_threads())
-    finally:
-        torch.set_num_threads(1)
-    assert seen == [1, 1, 2, 2]
+
+def test_a_decoding_step_fires_the_same_probes_with_one_query_row():
+    torch.manual_seed(0)
+    m = model()
+    src, tgt = batch()
+    pattern = "decoder.1.cross_attention.head.2.weights"
+    with torch.no_grad():
+        with m.probes(pattern) as full:
+            m(src, tgt)
+        memory = m.encode(src)
+        cache = m.new_cache()
+        with m.probes(pattern, "logits") as steps:
+            for i in range(tgt.size(1)):
+                m.decode_step(tgt[:, i:i + 1], memory, src == 0, cache)
+    rows = steps.all(pattern)
+    assert len(rows) == tgt.size(1) and rows[0].shape == (3, 1, 7)
+    torch.testing.assert_close(torch.cat(rows, 1), full[pattern], atol=1e-5, rtol=1e-5)
+    assert len(steps.all("logits")) == tgt.size(1) and list(steps) == [pattern, "logits"]
+
+
+def test_activation_patching_restores_the_clean_run_exactly():
+    """Patching every value a layer's output depends on from the clean run gives the clean logits."""
+    torch.manual_seed(0)
+    m = model().double()
+    src, tgt = batch()
+    corrupt = src.clone()
+    corrupt[:, 1] = (src[:, 1] + 1 - 4) % 36 + 4
+    with torch.no_grad():
+        with m.probes("encoder.output") as clean:
+            want = m(src, tgt)
+        moved = m(corrupt, tgt)
+        with m.intervene({"encoder.output": lambda value, name: clean[name]}):
+            patched = m(corrupt, tgt)
+    assert (moved - want).abs().max() > 1e-3
+    torch.testing.assert_close(patched, want, atol=1e-12, rtol=0)

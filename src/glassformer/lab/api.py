@@ -23,7 +23,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from .. import __version__
 from ..errors import UsageError
 from ..lesson import examples
-from ..model import ModelConfig, Trace, Transformer, causal_mask, combine, loss_mask, padding_mask
+from ..model import ModelConfig, Recording, Transformer, causal_mask, combine, loss_mask, padding_mask
 from ..translation.decode import greedy, output_limits
 from ..translation.tokenize import BOS, EOS, PAD, SPECIAL_TOKENS, SourceTokenizer, TargetTokenizer, Vocab
 
@@ -397,7 +397,7 @@ ATTENTION_PROBES = ("encoder.*.self_attention.head.*.weights", "decoder.*.self_a
                     "decoder.*.cross_attention.head.*.weights")
 
 
-def _stack(trace: Trace, stack: str, part: str, layers: int, heads: int) -> list:
+def _stack(trace: Recording, stack: str, part: str, layers: int, heads: int) -> list:
     """[layer][head] -> (query, key) weight table of sample 0, rounded."""
     return [[_rows(trace[f"{stack}.{i}.{part}.head.{h}.weights"][0]) for h in range(heads)]
             for i in range(layers)]
@@ -414,8 +414,8 @@ def _run_sentence(model: Transformer, lab: LabModel, source_ids: list[int], targ
         limit = int(output_limits(model.source_padding(src), cfg.max_len)[0])
         finished = len(target_ids) < limit                                     # else it stopped at the limit
     tgt_in = torch.tensor([[BOS, *target_ids]])                                 # (1, tgt)
-    trace = Trace(list(ATTENTION_PROBES))
-    logits = model(src, tgt_in, trace=trace)                                    # (1, tgt, vocab)
+    with model.probes(*ATTENTION_PROBES) as trace:
+        logits = model(src, tgt_in)                                             # (1, tgt, vocab)
     probs = torch.softmax(logits[0].double(), dim=-1)                           # (tgt, vocab)
     # what each row should predict: the next target token, EOS after the last one, unless a greedy run
     # stopped at the length limit: then the last row's next token is simply the model's choice

@@ -8,9 +8,7 @@ them asserts the lesson's numbers against themselves. `glassformer verify` print
 
 from __future__ import annotations
 
-import contextlib
 import math
-import threading
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -19,10 +17,10 @@ import torch
 
 from ..model.attention import MultiHeadAttention
 from ..model.config import ModelConfig
+from ..model.hooks import probes
 from ..model.layers import DecoderLayer, EncoderLayer, ResidualNorm
 from ..model.masks import causal_mask, combine, loss_mask, padding_mask
 from ..model.positions import RotaryEmbedding, sinusoidal_positions
-from ..model.trace import Trace
 from ..model.transformer import DecoderOnlyModel, EncoderOnlyModel, Transformer, build_model
 from . import examples as ex
 from .reference import layer_norm, max_difference, run_reference
@@ -57,37 +55,11 @@ def check(claim_id: str, title: str):
     return register
 
 
-_THREADS_LOCK = threading.Lock()
-_THREADS_STATE = {"depth": 0, "saved": 1}
-
-
-@contextlib.contextmanager
-def one_thread():
-    """The checks' tensors are tiny: one thread avoids contention overhead (seconds on a busy 2-core machine).
-
-    Nested and concurrent uses share one count: the first entrant saves torch's thread count and
-    the last one out restores it.
-    """
-    with _THREADS_LOCK:
-        if _THREADS_STATE["depth"] == 0:
-            _THREADS_STATE["saved"] = torch.get_num_threads()
-            torch.set_num_threads(1)
-        _THREADS_STATE["depth"] += 1
-    try:
-        yield
-    finally:
-        with _THREADS_LOCK:
-            _THREADS_STATE["depth"] -= 1
-            if _THREADS_STATE["depth"] == 0:
-                torch.set_num_threads(_THREADS_STATE["saved"])
-
-
 def run_check(claim_id: str) -> Claim:
     """Run one check; an exception inside it is a failed check, reported in `measured`."""
     title, fn = CHECKS[claim_id]
     try:
-        with one_thread():
-            measured, passed = fn()
+        measured, passed = fn()
     except Exception as error:  # a broken model must show as FAIL, not crash the report
         measured, passed = f"error: {type(error).__name__}: {error}", False
     return Claim(claim_id, title, measured, bool(passed))
@@ -154,7 +126,7 @@ def _diff(a, b) -> float:
     return float(np.max(np.abs(a - b))) if a.shape == b.shape else math.inf
 
 
-def _probes(trace: Trace, pattern: str) -> list[torch.Tensor]:
+def _probes(trace, pattern: str) -> list[torch.Tensor]:
     import fnmatch
     return [t for name, t in trace.records.items() if fnmatch.fnmatchcase(name, pattern)]
 
@@ -166,10 +138,9 @@ def a1() -> tuple[str, bool]:
     model = seeded_model()
     shapes, ok = [], True
     for units in (ex.NINE_UNITS, ex.SIX_UNITS):
-        trace = Trace(["encoder.0.self_attention.head.0.scores", "encoder.0.self_attention.head.0.weights",
-                       "encoder.output"])
-        with torch.no_grad():
-            model.encode(source_ids(units), trace=trace)
+        with torch.no_grad(), model.probes(["encoder.0.self_attention.head.0.scores",
+                                            "encoder.0.self_attention.head.0.weights", "encoder.output"]) as trace:
+            model.encode(source_ids(units))
         n, d = len(units), model.cfg.d_model
         s = trace["encoder.0.self_attention.head.0.scores"][0]
         w = trace["encoder.0.self_attention.head.0.weights"][0]
@@ -198,9 +169,9 @@ def a2() -> tuple[str, bool]:
 @check("A3", "softmax along keys: rows sum to 1, columns need not")
 def a3() -> tuple[str, bool]:
     tables = [_a(h["weights"]) for h in _block()["self_attention"]["heads"]]
-    trace = Trace("encoder.*.self_attention.head.*.weights")
-    with torch.no_grad():
-        seeded_model().encode(source_ids(ex.NINE_UNITS), trace=trace)
+    model = seeded_model()
+    with torch.no_grad(), model.probes("encoder.*.self_attention.head.*.weights") as trace:
+        model.encode(source_ids(ex.NINE_UNITS))
     tables += [t[0].numpy() for t in trace.records.values()]
     row_err = max(float(np.max(np.abs(w.sum(axis=1) - 1))) for w in tables)
     cols = np.concatenate([w.sum(axis=0) for w in tables])
@@ -313,9 +284,9 @@ def b4() -> tuple[str, bool]:
         torch.manual_seed(0)
         rn = ResidualNorm(8, 1e-5, "post", dropout=0.5).double().train()
         xin, c = _rows(1, 1, 6, 8), torch.full((1, 6, 8), 3.0, dtype=torch.float64)
-        trace = Trace()
-        rn(xin, lambda h: c, trace, "s")
-    added = (trace["s.residual"] - xin).numpy()
+        with probes(rn, "residual") as trace:
+            rn(xin, lambda h: c)
+    added = (trace["residual"] - xin).numpy()
     dropout_ok = bool(np.all(np.isclose(added, 0.0) | np.isclose(added, 6.0))) and bool(np.any(np.isclose(added, 0)))
     return (f"post |Δ| = {_e(err_post)}, pre |Δ| = {_e(err_pre)}; stack final LN: post {finals['post']}, "
             f"pre {finals['pre']}; dropout on Sub(x) only: {dropout_ok}",
@@ -410,9 +381,8 @@ def c1() -> tuple[str, bool]:
     units = ex.NINE_UNITS
     out, scores = [], []
     for seq in (units, [units[i] for i in _PERM]):
-        trace = Trace("encoder.0.self_attention.head.0.scores")
-        with torch.no_grad():
-            out.append(model.encode(source_ids(seq), trace=trace)[0])
+        with torch.no_grad(), model.probes("encoder.0.self_attention.head.0.scores") as trace:
+            out.append(model.encode(source_ids(seq))[0])
         scores.append(trace["encoder.0.self_attention.head.0.scores"][0])
     p = torch.tensor(_PERM)
     equi = _diff(out[1], out[0][p])
@@ -435,9 +405,8 @@ def c2() -> tuple[str, bool]:
             ya, yb = model.encode(source_ids(a))[0], model.encode(source_ids(b))[0]
         gaps[positions] = _diff(yb, ya[p])
     model = seeded_model(2)
-    trace = Trace("encoder.embedding")
-    with torch.no_grad():
-        model.encode(source_ids(a), trace=trace)
+    with torch.no_grad(), model.probes("encoder.embedding") as trace:
+        model.encode(source_ids(a))
     d = model.cfg.d_model
     token = model.src_embed.token.weight[source_ids(a)[0]].detach().numpy()
     pe = np.array([[math.sin(p_ / 10000 ** (2 * (i // 2) / d)) if i % 2 == 0 else
@@ -489,12 +458,11 @@ def c4() -> tuple[str, bool]:
 def c5() -> tuple[str, bool]:
     layer = _layer(7, positions="relative", relative_clip=3)
     mha = layer.self_attention
-    trace = Trace(["a.head.*.scores", "a.head.*.scaled_scores"])
-    with torch.no_grad():
-        mha(_rows(14, 1, 7, 32), trace=trace, prefix="a")
+    with torch.no_grad(), probes(mha, "head.*.scores", "head.*.scaled_scores") as trace:
+        mha(_rows(14, 1, 7, 32))
     toeplitz, spread, table = 0.0, math.inf, 0.0
     for h in range(mha.heads):
-        bias = (trace[f"a.head.{h}.scaled_scores"] - trace[f"a.head.{h}.scores"] / math.sqrt(mha.d_k))[0].numpy()
+        bias = (trace[f"head.{h}.scaled_scores"] - trace[f"head.{h}.scores"] / math.sqrt(mha.d_k))[0].numpy()
         toeplitz = max(toeplitz, float(np.max(np.abs(bias[1:, 1:] - bias[:-1, :-1]))))
         spread = min(spread, float(bias.max() - bias.min()))
         want = np.array([[mha.relative.bias[h, max(-3, min(3, i - j)) + 3].item() for j in range(7)]
@@ -530,15 +498,14 @@ def c6() -> tuple[str, bool]:
     # inside the model: no position vector in the embedding, and Q rotated in every layer
     model = seeded_model(4, positions="rope")
     ids = source_ids(ex.NINE_UNITS)
-    trace = Trace(["encoder.*.self_attention.head.0.q", "encoder.*.sublayer.0.input"])
-    with torch.no_grad():
+    with torch.no_grad(), model.probes("encoder.*.self_attention.head.0.q", "encoder.*.sublayer.0.input") as trace:
         emb = model.src_embed(ids)
-        model.encode(ids, trace=trace)
+        model.encode(ids)
     plain_embedding = _diff(emb, model.src_embed.token.weight[ids] * math.sqrt(model.cfg.d_model))
     rotated_layers = 0
     for i, layer in enumerate(model.encoder.layers):
         with torch.no_grad():
-            unrotated = layer.self_attention.project_q(trace[f"encoder.{i}.sublayer.0.input"])[:, 0]
+            unrotated = layer.self_attention.project(trace[f"encoder.{i}.sublayer.0.input"])[0][:, 0]
         got = trace[f"encoder.{i}.self_attention.head.0.q"]
         norms = _diff(got.reshape(1, 9, -1, 2).norm(dim=-1), unrotated.reshape(1, 9, -1, 2).norm(dim=-1))
         if _diff(got[:, 0], unrotated[:, 0]) <= EXACT and _diff(got, unrotated) > 1e-3 and norms <= EXACT:
@@ -584,10 +551,10 @@ def d2() -> tuple[str, bool]:
     model = seeded_model(6)
     src, tgt, _ = _batch()
     src_pad = src == 0
-    trace = Trace(["decoder.*.cross_attention.head.*.weights", "decoder.*.cross_attention.head.*.k",
-                   "decoder.*.cross_attention.head.*.q", "decoder.*.sublayer.1.input", "encoder.output"])
-    with torch.no_grad():
-        model(src, tgt, trace=trace)
+    with torch.no_grad(), model.probes(["decoder.*.cross_attention.head.*.weights",
+                                        "decoder.*.cross_attention.head.*.k", "decoder.*.cross_attention.head.*.q",
+                                        "decoder.*.sublayer.1.input", "encoder.output"]) as trace:
+        model(src, tgt)
     valid_min, pad_max = math.inf, 0.0
     for w in _probes(trace, "decoder.*.cross_attention.head.*.weights"):   # (batch, tgt, src)
         valid_min = min(valid_min, float(w.masked_select(~src_pad[:, None, :]).min()))
@@ -613,9 +580,8 @@ def d3() -> tuple[str, bool]:
     src, tgt = source_ids(ex.NINE_UNITS), target_ids(ex.TARGET_INPUT)
     shifted = list(ex.TARGET_INPUT) == [ex.BOS, *ex.TARGET_LABELS[:-1]] and ex.TARGET_LABELS[ex.GAVE_ROW] == "him"
     g = ex.GAVE_ROW
-    trace = Trace("decoder.*.self_attention.head.*.weights")
-    with torch.no_grad():
-        base = model(src, tgt, trace=trace)[0, g]
+    with torch.no_grad(), model.probes("decoder.*.self_attention.head.*.weights") as trace:
+        base = model(src, tgt)[0, g]
     seen = set()
     for w in trace.records.values():
         seen |= set(torch.nonzero(w[0, g] > 0).flatten().tolist())
@@ -638,9 +604,8 @@ def d3() -> tuple[str, bool]:
 def d4() -> tuple[str, bool]:
     model = seeded_model(8)
     src, tgt = source_ids(ex.NINE_UNITS), target_ids(ex.TARGET_INPUT)
-    trace = Trace("*coder.*.*_attention.head.*.weights")
-    with torch.no_grad():
-        model(src, tgt, trace=trace)
+    with torch.no_grad(), model.probes("*coder.*.*_attention.head.*.weights") as trace:
+        model(src, tgt)
     n, m = src.size(1), tgt.size(1)
     want = {"encoder.*.self_attention": np.ones((n, n), bool),
             "decoder.*.self_attention": np.tril(np.ones((m, m), bool)),
@@ -736,7 +701,8 @@ def d7() -> tuple[str, bool]:
     n_enc, n_dec = len(model.encoder.layers), len(model.decoder.layers)
     ok = (n_enc, n_dec) == (6, 6) and (mha.heads, mha.d_k, mha.d_v, mha.d_model) == (8, 64, 64, 512) and shapes == {
         "in_proj": (8 * (64 + 64 + 64), 512), "out_proj": (512, 8 * 64), "w_1": (2048, 512), "w_2": (512, 2048)}
-    ok &= all(tuple(layer.cross_attention.in_proj.weight.shape) == (1536, 512) for layer in model.decoder.layers)
+    ok &= all((layer.cross_attention.q_proj.out_features + layer.cross_attention.kv_proj.out_features,
+               layer.cross_attention.kv_proj.in_features) == (1536, 512) for layer in model.decoder.layers)
     return (f"{n_enc}+{n_dec} layers, d {mha.d_model}, {mha.heads} heads, d_k {mha.d_k}, d_v {mha.d_v}; "
             f"in_proj {shapes['in_proj'][0]}×{shapes['in_proj'][1]}, W^O {shapes['out_proj'][0]}×"
             f"{shapes['out_proj'][1]}, W_1 {shapes['w_1'][1]}→{shapes['w_1'][0]}", ok)
@@ -749,9 +715,9 @@ def e1() -> tuple[str, bool]:
     model = seeded_model(11)
     src, tgt, _ = _batch()
     pad = (src == 0)[1]
-    trace = Trace(["encoder.*.self_attention.head.*.weights", "decoder.*.cross_attention.head.*.weights"])
-    with torch.no_grad():
-        model(src, tgt, trace=trace)
+    with torch.no_grad(), model.probes("encoder.*.self_attention.head.*.weights",
+                                       "decoder.*.cross_attention.head.*.weights") as trace:
+        model(src, tgt)
     pad_max, valid_min = 0.0, math.inf
     for w in trace.records.values():
         pad_max = max(pad_max, float(w[1][:, pad].abs().max()))
@@ -769,9 +735,8 @@ def e2() -> tuple[str, bool]:
     tri = causal_mask(6)
     combined = combine(tri, padding_mask(tgt_pad))[:, 0]                      # (batch, query, key)
     want = np.tril(np.ones((6, 6), bool))[None] & ~tgt_pad.numpy()[:, None, :]
-    trace = Trace("decoder.*.self_attention.head.*.weights")
-    with torch.no_grad():
-        model(src, tgt, tgt_pad=tgt_pad, trace=trace)
+    with torch.no_grad(), model.probes("decoder.*.self_attention.head.*.weights") as trace:
+        model(src, tgt, tgt_pad=tgt_pad)
     traced = all(np.array_equal(w.numpy() > 0, want) for w in trace.records.values())
     counts = [int(c.sum()) for c in combined]
     return (f"causal {int(tri.sum())}/36 visible; combined A {counts[0]}, B {counts[1]}; "

@@ -11,11 +11,10 @@ import numpy as np
 import torch
 
 from ..errors import UsageError
+from ..inference.threads import lesson_threads
 from ..model.masks import causal_mask, combine, loss_mask, padding_mask
-from ..model.trace import Trace
 from . import claims
 from . import examples as ex
-from .claims import one_thread
 from .spec import SpecError, run_spec
 
 # ---- trace -------------------------------------------------------------------------------------
@@ -46,8 +45,8 @@ def trace_command(args: argparse.Namespace) -> int:
     if args.indent is not None and args.indent < 0:
         raise UsageError(f"--indent: expected N >= 0, got {args.indent}")
     doc = read_spec(args.spec)
-    with one_thread():
-        result = run_spec(doc)
+    torch.set_num_threads(lesson_threads())
+    result = run_spec(doc)
     text = json.dumps(result, indent=args.indent, ensure_ascii=False, allow_nan=False)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
@@ -65,10 +64,10 @@ NINE_UNITS_SEED = 0
 
 def nine_unit_tables(seed: int = NINE_UNITS_SEED) -> list[np.ndarray]:
     """Layer-0 self-attention weights (one 9×9 table per head) of a seeded, untrained tiny encoder."""
-    trace = Trace("encoder.0.self_attention.head.*.weights")
-    with torch.no_grad():
-        claims.seeded_model(seed).encode(claims.source_ids(ex.NINE_UNITS), trace=trace)  # the checks' model
-    return [t[0].numpy() for t in trace.records.values()]
+    model = claims.seeded_model(seed)                                       # the checks' model
+    with torch.no_grad(), model.probes("encoder.0.self_attention.head.*.weights") as rec:
+        model.encode(claims.source_ids(ex.NINE_UNITS))
+    return [t[0].numpy() for _, t in rec.items()]
 
 
 def batch_masks() -> dict[str, np.ndarray]:
@@ -197,8 +196,8 @@ def add_lesson_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def lesson_command(args: argparse.Namespace) -> int:
-    with one_thread():
-        results = lesson_results()
+    torch.set_num_threads(lesson_threads())
+    results = lesson_results()
     if args.json:
         print(json.dumps(results, ensure_ascii=False, allow_nan=False))
     else:
@@ -218,6 +217,7 @@ def verify_command(args: argparse.Namespace) -> int:
     unknown = [i for i in args.ids if i.upper() not in claims.CHECKS]
     if unknown:
         raise UsageError(f"unknown claim ID {unknown[0]!r} (known: {', '.join(claims.CHECKS)})")
+    torch.set_num_threads(lesson_threads())
     rows = [claims.run_check(i.upper()) for i in args.ids] if args.ids else claims.run_all()
     failed = [c.id for c in rows if not c.passed]
     if args.json:

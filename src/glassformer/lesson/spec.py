@@ -14,11 +14,11 @@ import numpy as np
 import torch
 
 from ..errors import UsageError
-from ..model.attention import MultiHeadAttention
+from ..model.attention import CrossAttention, MultiHeadAttention
 from ..model.config import ModelConfig
+from ..model.hooks import intervene, probes
 from ..model.layers import DecoderLayer, EncoderLayer
 from ..model.masks import causal_mask, padding_mask
-from ..model.trace import Trace
 
 VERSION = 1
 KINDS = ("attention", "encoder_block", "decoder_block")
@@ -309,11 +309,8 @@ def _load_attention(mha: MultiHeadAttention, p: dict) -> None:
     heads = p["heads"]
     w = np.concatenate([h[name] for name in ("w_q", "w_k", "w_v") for h in heads], axis=1)  # (d, H(2d_k+d_v))
     b = np.concatenate([h[name] for name in ("b_q", "b_k", "b_v") for h in heads])
-    with torch.no_grad():
-        mha.in_proj.weight.copy_(_t(w.T))
-        mha.in_proj.bias.copy_(_t(b))
-        mha.out_proj.weight.copy_(_t(p["w_o"].T))                            # (d, H·d_v)
-        mha.out_proj.bias.copy_(_t(p["b_o"]))
+    mha.load_state_dict({"in_proj.weight": _t(w.T), "in_proj.bias": _t(b),   # cross-attention splits the rows
+                         "out_proj.weight": _t(p["w_o"].T), "out_proj.bias": _t(p["b_o"])})  # (d, H·d_v)
 
 
 def _attention_output(records: dict, prefix: str, n_heads: int, disabled: list[int]) -> dict:
@@ -331,26 +328,22 @@ def _run_attention(spec: dict) -> dict:
     q, k, v = spec["q"], spec["k"], spec["v"]
     (n, d_k), (m, d_v) = q.shape, v.shape
     width = d_k + d_v
-    mha = MultiHeadAttention(width, 1, d_k, d_v, bias=False, scale=spec["scale"], path="glass").double()
+    mha = CrossAttention(width, 1, d_k, d_v, bias=False, scale=spec["scale"], path="glass").double()
     pick = torch.zeros(2 * d_k + d_v, width, dtype=torch.float64)           # rows: [W^Q | W^K | W^V]
     pick[:d_k, :d_k] = torch.eye(d_k)
     pick[d_k: 2 * d_k, :d_k] = torch.eye(d_k)
     pick[2 * d_k:, d_k:] = torch.eye(d_v)
-    with torch.no_grad():
-        mha.in_proj.weight.copy_(pick)
+    mha.load_state_dict({"in_proj.weight": pick, "out_proj.weight": mha.out_proj.weight.detach()})
     queries = torch.cat([_t(q), torch.zeros(n, d_v, dtype=torch.float64)], dim=1)[None]  # (1, n, d_k+d_v)
     keys_values = torch.cat([_t(k), _t(v)], dim=1)[None]                    # (1, m, d_k+d_v)
     visible = _visibility(spec, n, m)
     if isinstance(spec["mask"], str) and spec["mask"] == "causal":           # query i sees keys j <= i
         tri = causal_mask(n, m)[None]
         visible = tri if visible is None else visible & tri
-    trace = Trace()
-    with torch.no_grad():
-        mha.eval()(queries, keys_values, mask=visible, trace=trace, prefix="attention")
-    r = trace.records
+    with torch.no_grad(), probes(mha, "head.0.*") as r:
+        mha.eval()(queries, keys_values, mask=visible)
     return {"version": VERSION, "kind": "attention",
-            **{key: _plain(r[f"attention.head.0.{key}"][0]) for key in ("scores", "scaled_scores", "weights",
-                                                                        "output")}}
+            **{key: _plain(r[f"head.0.{key}"][0]) for key in ("scores", "scaled_scores", "weights", "output")}}
 
 
 def _config(spec: dict, attn: dict) -> ModelConfig:
@@ -360,8 +353,11 @@ def _config(spec: dict, attn: dict) -> ModelConfig:
                        d_v=attn["d_v"], d_ff=ffn["w_1"].shape[1], encoder_layers=1, decoder_layers=1,
                        dropout=0.0, attention_dropout=0.0, norm=spec["norm"],
                        eps=spec["eps"] if spec["eps"] > 0 else 1e-5, positions="none",
-                       scale_scores=spec["scale"], bias=True, activation=spec["ffn"]["activation"],
-                       attention_path="glass")
+                       scale_scores=spec["scale"], bias=True, attention_path="glass")
+
+
+def _switched_off(value: torch.Tensor, name: str) -> torch.Tensor:
+    return torch.zeros_like(value)
 
 
 def _run_block(spec: dict) -> dict:
@@ -371,8 +367,8 @@ def _run_block(spec: dict) -> dict:
     if decoder:
         layer = DecoderLayer(cfg, cross=True)
         cross = spec["cross_attention"]
-        layer.cross_attention = MultiHeadAttention(cfg.d_model, len(cross["heads"]), cross["d_k"], cross["d_v"],
-                                                   bias=True, scale=spec["scale"], path="glass")
+        layer.cross_attention = CrossAttention(cfg.d_model, len(cross["heads"]), cross["d_k"], cross["d_v"],
+                                               bias=True, scale=spec["scale"], path="glass")
     else:
         layer = EncoderLayer(cfg)
     layer = layer.double().eval()
@@ -389,22 +385,21 @@ def _run_block(spec: dict) -> dict:
             sub.norm.weight.copy_(_t(ln["gamma"]))
             sub.norm.bias.copy_(_t(ln["beta"]))
             sub.norm.eps = spec["eps"]
-    layer.self_attention.disabled_heads = set(spec["disabled_heads"])
+    off = {f"self_attention.head.{h}.output": _switched_off for h in spec["disabled_heads"]}
 
     x = _t(spec["x"])[None]                                                 # (1, n, d)
     n = x.size(1)
     visible = _visibility(spec, n, n)
     causal = isinstance(spec["mask"], str) and spec["mask"] == "causal"
-    trace = Trace()
-    with torch.no_grad():
+    # recorded before the switch: a switched-off head's own output is still shown, its concat columns are 0
+    with torch.no_grad(), probes(layer) as r, intervene(layer, off):
         if decoder:
             memory = _t(spec["memory"])[None]                               # (1, m, d)
             pad = spec["memory_padding"]
             memory_mask = padding_mask(torch.from_numpy(pad)[None]) if pad is not None else None
-            layer(x, memory, visible, memory_mask, causal=causal, trace=trace, prefix="")
+            layer(x, memory, visible, memory_mask, causal=causal)
         else:
-            layer(x, visible, causal=causal, trace=trace, prefix="")
-    r = trace.records
+            layer(x, visible, causal=causal)
     result = {"version": VERSION, "kind": kind,
               "self_attention": _attention_output(r, "self_attention", len(spec["self_attention"]["heads"]),
                                                   spec["disabled_heads"])}

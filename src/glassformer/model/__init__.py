@@ -1,24 +1,25 @@
-"""The Transformer itself: config -> masks/positions -> attention -> layers -> transformer; trace observes."""
+"""The Transformer itself: config -> masks/positions/hooks -> attention -> layers -> transformer."""
 
-from .attention import KVCache, MultiHeadAttention
+from .attention import CrossAttention, KVCache, MultiHeadAttention, SelfAttention, attend_math, attend_sdpa
 from .config import PRESETS, ModelConfig
+from .hooks import HookPoint, Recording, hook_names, intervene, probes
 from .layers import DecoderLayer, EncoderLayer, FeedForward, LayerCache, ResidualNorm
 from .masks import causal_mask, combine, loss_mask, padding_mask
 from .positions import LearnedPositions, RelativePositionBias, RotaryEmbedding, sinusoidal_positions
-from .trace import Trace
 from .transformer import (
-                          Decoder,
-                          DecoderCache,
-                          DecoderOnlyModel,
-                          Encoder,
-                          EncoderOnlyModel,
-                          Transformer,
-                          build_model,
+    Decoder,
+    DecoderCache,
+    DecoderOnlyModel,
+    Encoder,
+    EncoderOnlyModel,
+    Transformer,
+    build_model,
 )
 
 __all__ = [
-    "KVCache", "MultiHeadAttention", "PRESETS", "ModelConfig", "DecoderLayer", "EncoderLayer", "FeedForward",
-    "LayerCache", "ResidualNorm", "causal_mask", "combine", "loss_mask", "padding_mask", "LearnedPositions",
-    "RelativePositionBias", "RotaryEmbedding", "sinusoidal_positions", "Trace", "Decoder", "DecoderCache",
-    "DecoderOnlyModel", "Encoder", "EncoderOnlyModel", "Transformer", "build_model",
+    "CrossAttention", "KVCache", "MultiHeadAttention", "SelfAttention", "attend_math", "attend_sdpa", "PRESETS",
+    "ModelConfig", "HookPoint", "Recording", "hook_names", "intervene", "probes", "DecoderLayer", "EncoderLayer",
+    "FeedForward", "LayerCache", "ResidualNorm", "causal_mask", "combine", "loss_mask", "padding_mask",
+    "LearnedPositions", "RelativePositionBias", "RotaryEmbedding", "sinusoidal_positions", "Decoder",
+    "DecoderCache", "DecoderOnlyModel", "Encoder", "EncoderOnlyModel", "Transformer", "build_model",
 ]

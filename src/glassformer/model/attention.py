@@ -1,8 +1,12 @@
-"""MultiHeadAttention (self and cross) with a KV cache, a fast path and a glass path.
+"""Multi-head attention: SelfAttention and CrossAttention on one core, attend(q, k, v, mask, bias).
 
-Fast path: fused projections + `F.scaled_dot_product_attention`. Glass path: the same math
-written out (QK^T, / sqrt(d_k), mask, softmax over keys, . V, concat, W^O), recording every
-intermediate per head. Tests hold the two equal.
+    head_r = softmax(Q_r K_r^T / sqrt(d_k) + b + M) V_r        MultiHead = Concat(head_1..head_H) W^O
+
+Two backends compute `attend`: the math backend writes the formula out and passes every
+intermediate of every head through a hook point (`head.{r}.scores`, `.weights`, ...); the SDPA
+backend is PyTorch's fused `scaled_dot_product_attention`. The math backend runs when the config
+asks for it (`attention_path="glass"`) or when a per-head hook point has something attached;
+tests hold the two equal to 1e-5 in fp32.
 """
 
 from __future__ import annotations
@@ -13,17 +17,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .linear import linear
+from .hooks import HookPoint
 from .masks import as_attention_mask, causal_mask, combine
 from .packing import Rows
 from .positions import RelativePositionBias, RotaryEmbedding
-from .trace import Trace, join
+
+HEAD_PROBES = ("q", "k", "v", "scores", "scaled_scores", "weights", "output")
 
 
 class KVCache:
-    """Keys and values of one attention module across decoding steps.
+    """Keys and values of one attention module across decoding steps (the plain, growing cache).
 
-    Self-attention: one row per step is appended (buffer grows by doubling, no re-concatenation).
+    Self-attention: each step appends its rows (the buffer grows by doubling, no re-concatenation).
     Cross-attention (`static=True`): K/V are projected from the encoder output once per source.
     """
 
@@ -83,214 +88,232 @@ def guard_empty_rows(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]
     return mask | ~has_key, has_key
 
 
-class MultiHeadAttention(nn.Module):
-    """H heads, each softmax(Q_r K_r^T / sqrt(d_k) + M) V_r; Concat(H_1..H_H) W^O.
+class HeadProbes(nn.Module):
+    """The hook points of one head: q, k, v, scores, scaled_scores, weights, output."""
 
-    Per-head projections are stored fused: `in_proj` rows are [W^Q heads | W^K heads | W^V heads]
-    (the layout of nn.MultiheadAttention), `out_proj` is W^O. Self-attention projects all three
-    from x in one matmul; cross-attention projects Q from x and K/V from the encoder output.
+    def __init__(self) -> None:
+        super().__init__()
+        for name in HEAD_PROBES:
+            self.add_module(name, HookPoint())
+
+
+def _per_head(heads: nn.ModuleList, part: str, x: Tensor) -> Tensor:
+    """x: (batch, heads, ...) through each head's hook point `part`; untouched when none is attached."""
+    points = [getattr(h, part) for h in heads]
+    if not any(p.fns for p in points):
+        return x
+    return torch.stack([p(x[:, r]) for r, p in enumerate(points)], dim=1)   # (batch, heads, ...)
+
+
+def attend_math(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, bias: Tensor | None = None, *,
+                scale: bool = True, dropout: float = 0.0, heads: nn.ModuleList | None = None) -> Tensor:
+    """The formula written out. q (batch, heads, query, d_k), k (.., key, d_k), v (.., key, d_v);
+    mask (batch|1, 1|heads, query, key) True = may attend; bias (heads, query, key). -> (batch, heads, query, d_v).
+
+    A query row with no visible key gets zero weights and zero output (never NaN)."""
+    hook = (lambda part, x: _per_head(heads, part, x)) if heads is not None else (lambda part, x: x)
+    q, k, v = hook("q", q), hook("k", k), hook("v", v)
+    scores = hook("scores", q @ k.transpose(-2, -1))                         # (batch, heads, query, key)
+    scaled = scores / math.sqrt(q.size(-1)) if scale else scores
+    if bias is not None:
+        scaled = scaled + bias                                               # relative bias b_{i-j}
+    if mask is not None:
+        scaled = scaled.masked_fill(~mask, float("-inf"))                   # masked entries: -inf
+    scaled = hook("scaled_scores", scaled)
+    _, has_key = guard_empty_rows(mask)                                      # rows with no visible key
+    logits = scaled if has_key is None else scaled.masked_fill(~has_key, 0.0)
+    weights = torch.softmax(logits, dim=-1)                                  # softmax over keys
+    if has_key is not None:
+        weights = weights * has_key
+    if dropout > 0:
+        weights = F.dropout(weights, dropout)
+    weights = hook("weights", weights)
+    return hook("output", weights @ v)                                       # (batch, heads, query, d_v)
+
+
+def attend_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, bias: Tensor | None = None, *,
+                scale: bool = True, dropout: float = 0.0, is_causal: bool = False) -> Tensor:
+    """The same result from `F.scaled_dot_product_attention` (is_causal: top-left triangle, no cache only)."""
+    mask, has_key = guard_empty_rows(mask)
+    attn_mask = mask
+    if bias is not None:
+        attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout,
+        scale=1.0 / math.sqrt(q.size(-1)) if scale else 1.0)                # (batch, heads, query, d_v)
+    return out if has_key is None else out * has_key
+
+
+class MultiHeadAttention(nn.Module):
+    """What self- and cross-attention share: H heads on attend(), then Concat(heads) W^O.
+
+    Hook points: `head.{r}.{q,k,v,scores,scaled_scores,weights,output}` (math backend),
+    `mask` (batch, query, key) visibility when something is masked, `concat`, `output`.
     """
 
     def __init__(self, d_model: int, heads: int, d_k: int, d_v: int, *, bias: bool = True,
-                 dropout: float = 0.0, scale: bool = True, rope: RotaryEmbedding | None = None,
-                 relative: RelativePositionBias | None = None, path: str = "fast") -> None:
+                 dropout: float = 0.0, scale: bool = True, path: str = "fast") -> None:
         super().__init__()
         self.d_model, self.heads, self.d_k, self.d_v = d_model, heads, d_k, d_v
-        self.in_proj = nn.Linear(d_model, heads * (2 * d_k + d_v), bias=bias)
-        self.out_proj = nn.Linear(heads * d_v, d_model, bias=bias)
-        self.dropout = dropout
-        self.scale = scale
-        self.rope = rope
-        self.relative = relative
-        self.path = path
-        self.disabled_heads: set[int] = set()
-        nn.init.xavier_uniform_(self.in_proj.weight)
-        nn.init.xavier_uniform_(self.out_proj.weight)
-        if bias:
-            nn.init.zeros_(self.in_proj.bias)
-            nn.init.zeros_(self.out_proj.bias)
+        self.dropout, self.scale, self.path = dropout, scale, path
+        self.out_proj = nn.Linear(heads * d_v, d_model, bias=bias)          # W^O
+        self.head = nn.ModuleList(HeadProbes() for _ in range(heads))
+        self.mask = HookPoint()
+        self.concat = HookPoint()
+        self.output = HookPoint()
+        self._head_hooks = False
 
-    # ---- projections ---------------------------------------------------------------------
-    def _split_heads(self, x: Tensor, width: int) -> Tensor:
+    def _init(self, *linears: nn.Linear) -> None:
+        for lin in (*linears, self.out_proj):
+            nn.init.xavier_uniform_(lin.weight)
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
+
+    def hooks_changed(self) -> None:
+        """Called when hooks are attached or removed: per-head hooks need the math backend."""
+        self._head_hooks = any(p.fns for h in self.head for p in h.children())
+
+    def split_heads(self, x: Tensor, width: int) -> Tensor:
         b, t, _ = x.shape
         return x.view(b, t, self.heads, width).transpose(1, 2)              # (batch, heads, len, width)
 
-    def project_q(self, x: Tensor, rows: Rows | None = None) -> Tensor:
-        """Q per head (batch, heads, len, d_k); x packed as (n, d) when `rows` says where its rows sit."""
-        n = self.heads * self.d_k
-        q = linear(x, self.in_proj.weight, self.in_proj.bias, slice(0, n))
-        return self._split_heads(q if rows is None else rows.unpack(q), self.d_k)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
+               causal_offset: int | None = None) -> Tensor:
+        """softmax(q k^T / sqrt(d_k) + bias, masked) v per head -> (batch, heads, query, d_v).
 
-    def project_kv(self, x: Tensor, rows: Rows | None = None) -> tuple[Tensor, Tensor]:
-        n = self.heads * self.d_k
-        kv = linear(x, self.in_proj.weight, self.in_proj.bias, slice(n, None))  # (batch, len, H*(d_k+d_v))
-        if rows is not None:
-            kv = rows.unpack(kv)                                             # (n, .) -> (batch, len, .)
-        k, v = kv.split((n, self.heads * self.d_v), dim=-1)
-        return self._split_heads(k, self.d_k), self._split_heads(v, self.d_v)
-
-    def project_qkv(self, x: Tensor, rows: Rows | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        n = self.heads * self.d_k
-        qkv = linear(x, self.in_proj.weight, self.in_proj.bias)              # (batch, len, H*(2d_k+d_v))
-        if rows is not None:
-            qkv = rows.unpack(qkv)                                           # (n, .) -> (batch, len, .)
-        q, k, v = qkv.split((n, n, self.heads * self.d_v), dim=-1)
-        return self._split_heads(q, self.d_k), self._split_heads(k, self.d_k), self._split_heads(v, self.d_v)
-
-    # ---- forward -------------------------------------------------------------------------
-    def forward(self, x: Tensor, memory: Tensor | None = None, mask: Tensor | None = None, *,
-                causal: bool = False, cache: KVCache | None = None, trace: Trace | None = None,
-                prefix: str = "", rows: Rows | None = None, memory_rows: Rows | None = None) -> Tensor:
-        """x: (batch, query, d) queries. memory: (batch, key, d) for cross-attention, None for self.
-
-        mask: boolean, broadcastable to (batch, heads, query, key), True = may attend.
-        causal: add the triangle, aligned to the cache (query i is position offset + i).
-        cache: KVCache to extend (self) or to fill once and reuse (cross).
-        rows / memory_rows: x / memory come packed, (n, d) real rows only (training); so does the output.
-        """
-        offset = 0
-        if memory is None:                                                   # self-attention
-            q, k, v = self.project_qkv(x, rows)                              # (batch, heads, len, d_k|d_v)
-            if cache is not None:
-                offset = cache.length
-            q_pos = None                                                     # positions, only if used
-            if self.rope is not None or self.relative is not None:
-                q_pos = torch.arange(offset, offset + q.size(2), device=x.device)
-            if self.rope is not None:
-                q, k = self.rope(q, q_pos), self.rope(k, q_pos)
-            if cache is not None:
-                k, v = cache.append(k, v)                                    # (batch, heads, offset+len, d)
-        else:                                                                # cross-attention
-            q = self.project_q(x, rows)
-            if cache is not None and cache.ready:
-                k, v = cache.get()
-            else:
-                k, v = self.project_kv(memory, memory_rows)
-                if cache is not None:
-                    cache.set_static(k, v)
-            q_pos = None
-        n_q, n_k = q.size(2), k.size(2)
-
+        causal_offset: add the triangle for queries at positions offset.. (None: no triangle)."""
+        b, n_q, n_k = q.size(0), q.size(2), k.size(2)
         mask = as_attention_mask(mask)
         is_causal = False
-        if causal and n_q > 1:
-            if mask is None and offset == 0 and n_q == n_k and self.relative is None:
-                is_causal = True                                             # SDPA's top-left triangle is right here
+        if causal_offset is not None and n_q > 1:
+            if mask is None and causal_offset == 0 and n_q == n_k and bias is None:
+                is_causal = True                                             # SDPA's top-left triangle is right
             else:
-                mask = as_attention_mask(combine(causal_mask(n_q, n_k, offset, device=x.device), mask))
-        bias = None
-        if self.relative is not None and memory is None:
-            k_pos = torch.arange(n_k, device=x.device)
-            bias = self.relative(q_pos, k_pos).to(q.dtype)                   # (heads, query, key)
+                mask = as_attention_mask(combine(causal_mask(n_q, n_k, causal_offset, device=q.device), mask))
+        math_backend = self.path == "glass" or self._head_hooks
+        if is_causal and (math_backend or self.mask.fns):
+            mask, is_causal = as_attention_mask(causal_mask(n_q, n_k, device=q.device)), False
+        if mask is not None and self.mask.fns:
+            mask = self.mask(mask.expand(b, -1, n_q, n_k)[:, 0])[:, None]     # (batch, query, key) probe
+        dropout = self.dropout if self.training else 0.0
+        if math_backend:
+            return attend_math(q, k, v, mask, bias, scale=self.scale, dropout=dropout, heads=self.head)
+        return attend_sdpa(q, k, v, mask, bias, scale=self.scale, dropout=dropout, is_causal=is_causal)
 
-        glass = self.path == "glass" or trace is not None
-        if glass:
-            if is_causal:
-                mask = as_attention_mask(causal_mask(n_q, n_k, 0, device=x.device))
-            heads_out = self._glass(q, k, v, mask, bias, trace, prefix)
-        else:
-            heads_out = self._fast(q, k, v, mask, bias, is_causal)
-        if self.disabled_heads:
-            heads_out = heads_out * self._head_keep(heads_out)               # a switched-off head adds zeros
-        b = q.size(0)
+    def combine(self, heads_out: Tensor, rows: Rows | None) -> Tensor:
+        """(batch, heads, query, d_v) -> Concat(heads) W^O: (batch, query, d), or (n, d) packed with `rows`."""
+        b, _, n_q, _ = heads_out.shape
         concat = heads_out.transpose(1, 2).reshape(b, n_q, self.heads * self.d_v)  # (batch, query, H*d_v)
         if rows is not None:
             concat = rows.pack(concat)                                       # (n, H*d_v): real rows only
-        out = linear(concat, self.out_proj.weight, self.out_proj.bias)       # (batch, query, d)
-        if trace is not None:
-            trace.record(join(prefix, "concat"), concat)
-            trace.record(join(prefix, "output"), out)
-        return out
+        return self.output(self.out_proj(self.concat(concat)))               # (batch, query, d)
 
-    def step(self, x: Tensor, cache: KVCache, memory: Tensor | None = None, mask: Tensor | None = None,
-             keep: Tensor | None = None) -> Tensor:
-        """One decoding step on the fast path: x (batch, d) is the newest position of each row -> (batch, d).
 
-        The same numbers as `forward` with the cache, in fewer operations: self-attention appends its K/V
-        row and its one query sees every cached row (nothing later exists yet, so no triangle); cross-
-        attention projects memory's K/V on the first step only. mask: (batch, 1, 1, key) visibility with
-        no empty row (see `guard_empty_rows`); keep: (batch, 1, 1, 1) zero for rows that had none.
+class SelfAttention(MultiHeadAttention):
+    """Queries, keys and values from the same rows x; `in_proj` holds [W^Q heads | W^K heads | W^V heads]
+    (the layout of nn.MultiheadAttention). Positions: RoPE rotates q and k, a relative bias joins the scores."""
+
+    def __init__(self, d_model: int, heads: int, d_k: int, d_v: int, *, bias: bool = True, dropout: float = 0.0,
+                 scale: bool = True, rope: RotaryEmbedding | None = None,
+                 relative: RelativePositionBias | None = None, path: str = "fast") -> None:
+        super().__init__(d_model, heads, d_k, d_v, bias=bias, dropout=dropout, scale=scale, path=path)
+        self.in_proj = nn.Linear(d_model, heads * (2 * d_k + d_v), bias=bias)
+        self.rope = rope
+        self.relative = relative
+        self._init(self.in_proj)
+
+    def project(self, x: Tensor, rows: Rows | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Q, K, V per head: (batch, heads, len, d_k | d_k | d_v); x packed (n, d) when `rows` is given."""
+        qkv = self.in_proj(x)                                                # (batch, len, H*(2d_k+d_v))
+        if rows is not None:
+            qkv = rows.unpack(qkv)                                           # (n, .) -> (batch, len, .)
+        n = self.heads * self.d_k
+        q, k, v = qkv.split((n, n, self.heads * self.d_v), dim=-1)
+        return self.split_heads(q, self.d_k), self.split_heads(k, self.d_k), self.split_heads(v, self.d_v)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, causal: bool = False,
+                cache: KVCache | None = None, rows: Rows | None = None) -> Tensor:
+        """x: (batch, query, d). mask: broadcastable to (batch, heads, query, key), True = may attend.
+
+        causal: add the triangle, aligned to the cache (query i sits at position cached + i).
+        cache: the rows of earlier steps; this call's K/V rows are appended (incremental decoding).
+        rows: x comes packed, (n, d) real rows only (training); so does the output.
         """
-        b, h, d_k, d_v = x.size(0), self.heads, self.d_k, self.d_v
-        in_proj, bias = self.in_proj, None
-        if memory is None:                                                   # self-attention
-            qkv = linear(x, in_proj.weight, in_proj.bias)                    # (batch, H*(2d_k+d_v))
-            if d_k == d_v:
-                q, k, v = qkv.view(b, 3, h, 1, d_k).unbind(1)                # 3 x (batch, heads, 1, d_k)
-            else:
-                q, k, v = qkv.split((h * d_k, h * d_k, h * d_v), dim=1)
-                q, k, v = q.view(b, h, 1, d_k), k.view(b, h, 1, d_k), v.view(b, h, 1, d_v)
-            if self.rope is not None or self.relative is not None:
-                pos = torch.tensor([cache.length], device=x.device)          # this row's position
-                if self.rope is not None:
-                    q, k = self.rope(q, pos), self.rope(k, pos)
-                if self.relative is not None:
-                    bias = self.relative(pos, torch.arange(cache.length + 1, device=x.device)).to(q.dtype)
-            k, v = cache.append(k, v)                                        # (batch, heads, key, d)
-        else:                                                                # cross-attention
-            q = linear(x, in_proj.weight, in_proj.bias, slice(0, h * d_k)).view(b, h, 1, d_k)
-            if not cache.ready:
-                cache.set_static(*self.project_kv(memory))
+        q, k, v = self.project(x, rows)                                      # (batch, heads, len, d_k|d_v)
+        offset = cache.length if cache is not None else 0
+        positions = None
+        if self.rope is not None or self.relative is not None:
+            positions = torch.arange(offset, offset + q.size(2), device=q.device)   # absolute positions
+        if self.rope is not None:
+            q, k = self.rope(q, positions), self.rope(k, positions)
+        if cache is not None:
+            k, v = cache.append(k, v)                                        # (batch, heads, offset+len, d)
+        bias = None
+        if self.relative is not None:
+            bias = self.relative(positions, torch.arange(k.size(2), device=q.device)).to(q.dtype)  # (H, q, k)
+        out = self.attend(q, k, v, mask, bias, offset if causal else None)   # (batch, heads, query, d_v)
+        return self.combine(out, rows)
+
+
+class CrossAttention(MultiHeadAttention):
+    """Queries from the decoder rows x, keys and values from the encoder output H (`memory`).
+
+    `q_proj` is W^Q (all heads), `kv_proj` is [W^K heads | W^V heads]. Checkpoints written with one
+    fused `in_proj` ([W^Q | W^K | W^V], as self-attention stores it) load unchanged: the rows are split.
+    """
+
+    def __init__(self, d_model: int, heads: int, d_k: int, d_v: int, *, bias: bool = True,
+                 dropout: float = 0.0, scale: bool = True, path: str = "fast") -> None:
+        super().__init__(d_model, heads, d_k, d_v, bias=bias, dropout=dropout, scale=scale, path=path)
+        self.q_proj = nn.Linear(d_model, heads * d_k, bias=bias)
+        self.kv_proj = nn.Linear(d_model, heads * (d_k + d_v), bias=bias)
+        self._init_fused()
+
+    def _init_fused(self) -> None:
+        """Xavier over the fused [W^Q | W^K | W^V] matrix, as self-attention (and earlier versions) draw it."""
+        fused = torch.empty(self.q_proj.out_features + self.kv_proj.out_features, self.d_model)
+        nn.init.xavier_uniform_(fused)
+        with torch.no_grad():
+            self.q_proj.weight.copy_(fused[: self.q_proj.out_features])
+            self.kv_proj.weight.copy_(fused[self.q_proj.out_features:])
+        self._init()
+        for lin in (self.q_proj, self.kv_proj):
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+        n = self.q_proj.out_features
+        for part in ("weight", "bias"):
+            fused = state_dict.pop(f"{prefix}in_proj.{part}", None)          # the earlier fused layout
+            if fused is not None:
+                state_dict[f"{prefix}q_proj.{part}"] = fused[:n]
+                state_dict[f"{prefix}kv_proj.{part}"] = fused[n:]
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def project_q(self, x: Tensor, rows: Rows | None = None) -> Tensor:
+        """Q per head (batch, heads, len, d_k); x packed (n, d) when `rows` is given."""
+        q = self.q_proj(x)                                                   # (batch, len, H*d_k)
+        return self.split_heads(q if rows is None else rows.unpack(q), self.d_k)
+
+    def project_kv(self, memory: Tensor, rows: Rows | None = None) -> tuple[Tensor, Tensor]:
+        """K, V per head from the encoder output: (batch, heads, src, d_k), (batch, heads, src, d_v)."""
+        kv = self.kv_proj(memory)                                            # (batch, src, H*(d_k+d_v))
+        if rows is not None:
+            kv = rows.unpack(kv)                                             # (n, .) -> (batch, src, .)
+        k, v = kv.split((self.heads * self.d_k, self.heads * self.d_v), dim=-1)
+        return self.split_heads(k, self.d_k), self.split_heads(v, self.d_v)
+
+    def forward(self, x: Tensor, memory: Tensor, mask: Tensor | None = None, *, cache: KVCache | None = None,
+                rows: Rows | None = None, memory_rows: Rows | None = None) -> Tensor:
+        """x: (batch, query, d); memory H: (batch, src, d); mask True = may attend (source padding).
+
+        cache: K/V of `memory`, projected on the first call and reused by later decoding steps.
+        rows / memory_rows: x / memory come packed, (n, d) real rows only (training)."""
+        q = self.project_q(x, rows)                                          # (batch, heads, query, d_k)
+        if cache is not None and cache.ready:
             k, v = cache.get()                                               # (batch, heads, src, d)
-        if self.path == "glass":
-            out = self._glass(q, k, v, mask, bias, None, "")                 # (batch, heads, 1, d_v)
         else:
-            out = self._fast(q, k, v, mask, bias, False, guarded=True)
-        if keep is not None:
-            out = out * keep
-        if self.disabled_heads:
-            out = out * self._head_keep(out)
-        out_proj = self.out_proj
-        return linear(out.reshape(b, h * d_v), out_proj.weight, out_proj.bias)   # (batch, d)
-
-    def _head_keep(self, heads_out: Tensor) -> Tensor:
-        """(heads, 1, 1): 0 for a switched-off head, 1 for the others."""
-        keep = torch.ones(self.heads, 1, 1, dtype=heads_out.dtype, device=heads_out.device)
-        keep[sorted(self.disabled_heads)] = 0.0
-        return keep
-
-    def _fast(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
-              is_causal: bool, guarded: bool = False) -> Tensor:
-        """SDPA with glassformer's mask; `guarded`: the caller already handled rows with no visible key."""
-        mask, has_key = (mask, None) if guarded else guard_empty_rows(mask)
-        attn_mask = mask
-        if bias is not None:
-            attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
-        scale = 1.0 / math.sqrt(self.d_k) if self.scale else 1.0
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0, scale=scale)   # (batch, heads, query, d_v)
-        if has_key is not None:
-            out = out * has_key
-        return out
-
-    def _glass(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
-               trace: Trace | None, prefix: str) -> Tensor:
-        scores = q @ k.transpose(-2, -1)                                     # (batch, heads, query, key)
-        scaled = scores / math.sqrt(self.d_k) if self.scale else scores
-        if bias is not None:
-            scaled = scaled + bias
-        visible = mask
-        if visible is not None:
-            scaled = scaled.masked_fill(~visible, float("-inf"))             # masked entries: -inf
-        _, has_key = guard_empty_rows(visible)                             # rows with no visible key
-        logits = scaled if has_key is None else scaled.masked_fill(~has_key, 0.0)
-        weights = torch.softmax(logits, dim=-1)                              # softmax over keys
-        if has_key is not None:
-            weights = weights * has_key
-        if self.training and self.dropout > 0:
-            weights = F.dropout(weights, self.dropout)
-        out = weights @ v                                                    # (batch, heads, query, d_v)
-        if trace is not None:
-            for h in range(self.heads):
-                head = join(prefix, f"head.{h}")
-                trace.record(f"{head}.q", q[:, h])
-                trace.record(f"{head}.k", k[:, h])
-                trace.record(f"{head}.v", v[:, h])
-                trace.record(f"{head}.scores", scores[:, h])
-                trace.record(f"{head}.scaled_scores", scaled[:, h])
-                trace.record(f"{head}.weights", weights[:, h])
-                trace.record(f"{head}.output", out[:, h])
-            if visible is not None:
-                trace.record(join(prefix, "mask"), visible.expand(q.size(0), -1, q.size(2), k.size(2))[:, 0])
-        return out
+            k, v = self.project_kv(memory, memory_rows)
+            if cache is not None:
+                cache.set_static(k, v)
+        return self.combine(self.attend(q, k, v, mask, None), rows)

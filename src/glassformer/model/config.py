@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 NORMS = ("post", "pre")
 POSITIONS = ("sinusoidal", "learned", "relative", "rope", "none")
 FAMILIES = ("encoder-decoder", "encoder-only", "decoder-only")
 ATTENTION_PATHS = ("fast", "glass")
-ACTIVATIONS = ("relu",)
 
 
 @dataclass
@@ -37,12 +36,10 @@ class ModelConfig:
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model) (2017)
     scale_scores: bool = True      # divide scores by sqrt(d_k) before the softmax (2017)
     bias: bool = True              # biases in the linear projections
-    activation: str = "relu"
     tie_target: bool = True        # target embedding shares its matrix with the output layer
     family: str = "encoder-decoder"
     attention_path: str = "fast"   # fast: fused SDPA | glass: explicit math, every intermediate
     pad_id: int = 0                # token id of PAD (used when padding flags are not given)
-    extra: dict = field(default_factory=dict)  # free-form notes carried into checkpoints
 
     def __post_init__(self) -> None:
         if self.d_k is None:
@@ -69,7 +66,7 @@ class ModelConfig:
         if not self.eps > 0:
             raise ValueError(f"ModelConfig.eps must be positive, got {self.eps!r}")
         choices = {"norm": NORMS, "positions": POSITIONS, "family": FAMILIES,
-                   "attention_path": ATTENTION_PATHS, "activation": ACTIVATIONS}
+                   "attention_path": ATTENTION_PATHS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"ModelConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")

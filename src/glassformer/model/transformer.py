@@ -10,15 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import guard_empty_rows
 from .config import ModelConfig
+from .hooks import Hooked, HookPoint
 from .layers import DecoderLayer, EncoderLayer, LayerCache
-from .linear import linear
 from .masks import padding_mask
 from .packing import Rows
 from .positions import LearnedPositions, sinusoidal_positions
-from .threads import serial_if_small
-from .trace import Trace, child, join
 
 
 class Embeddings(nn.Module):
@@ -85,65 +82,61 @@ class Embeddings(nn.Module):
 
 
 class Encoder(nn.Module):
-    """A stack of EncoderLayers over embedded source rows (plus a final LN for pre-norm)."""
+    """A stack of EncoderLayers over embedded source rows (plus a final LN for pre-norm).
+
+    Hook points: `embedding` (the embedded source rows, the stack's input), `output` H."""
 
     def __init__(self, cfg: ModelConfig, n_layers: int) -> None:
         super().__init__()
+        self.embedding = HookPoint()
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(n_layers))
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.eps) if cfg.use_final_norm else None
+        self.output = HookPoint()
 
     def forward(self, x: Tensor, src_pad: Tensor | None = None, *, mask: Tensor | None = None,
-                trace: Trace | None = None, prefix: str = "encoder", rows: Rows | None = None) -> Tensor:
+                rows: Rows | None = None) -> Tensor:
         """x: (batch, src, d); src_pad: (batch, src) True = PAD. Returns H: (batch, src, d).
 
         With `rows`, x and H are packed real rows (n, d)."""
         if mask is None and src_pad is not None:
             mask = padding_mask(src_pad)                                     # (batch, 1, 1, src)
-        for i, layer in enumerate(self.layers):
-            name = join(prefix, str(i))
-            x = layer(x, mask, trace=child(trace, name), prefix=name, rows=rows)
+        x = self.embedding(x)
+        for layer in self.layers:
+            x = layer(x, mask, rows=rows)
         if self.norm is not None:
             x = self.norm(x)
-        if trace is not None:
-            trace.record(join(prefix, "output"), x)
-        return x
+        return self.output(x)                                                # (batch, src, d)
 
 
 class Decoder(nn.Module):
-    """A stack of DecoderLayers: masked self-attention, cross-attention to H, FFN (final LN for pre)."""
+    """A stack of DecoderLayers: masked self-attention, cross-attention to H, FFN (final LN for pre).
+
+    Hook points: `embedding` (the embedded target rows), `output` (the last rows before the head)."""
 
     def __init__(self, cfg: ModelConfig, n_layers: int, cross: bool = True) -> None:
         super().__init__()
+        self.embedding = HookPoint()
         self.layers = nn.ModuleList(DecoderLayer(cfg, cross=cross) for _ in range(n_layers))
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.eps) if cfg.use_final_norm else None
+        self.output = HookPoint()
 
     def forward(self, y: Tensor, memory: Tensor | None = None, src_pad: Tensor | None = None,
                 tgt_pad: Tensor | None = None, *, cache: list[LayerCache] | None = None,
-                trace: Trace | None = None, prefix: str = "decoder", rows: Rows | None = None,
-                memory_rows: Rows | None = None) -> Tensor:
-        """y: (batch, tgt, d). tgt_pad is optional: right padding is already hidden from every real
-        row by the triangle, so training may skip it (the padded rows are excluded from the loss).
+                rows: Rows | None = None, memory_rows: Rows | None = None) -> Tensor:
+        """y: (batch, tgt, d): the whole target, or with `cache` the newest rows of a decoding step.
 
+        tgt_pad is optional: right padding is already hidden from every real row by the triangle, so
+        training may skip it (the padded rows are excluded from the loss).
         With `rows` / `memory_rows`, y and memory are packed real rows (n, d), and so is the output."""
         self_mask = padding_mask(tgt_pad) if tgt_pad is not None else None  # (batch, 1, 1, tgt)
         memory_mask = padding_mask(src_pad) if src_pad is not None else None  # no triangle on cross
+        y = self.embedding(y)
         for i, layer in enumerate(self.layers):
-            name = join(prefix, str(i))
-            y = layer(y, memory, self_mask, memory_mask, causal=True,
-                      cache=cache[i] if cache is not None else None, trace=child(trace, name), prefix=name,
+            y = layer(y, memory, self_mask, memory_mask, causal=True, cache=cache[i] if cache is not None else None,
                       rows=rows, memory_rows=memory_rows)
         if self.norm is not None:
             y = self.norm(y)
-        if trace is not None:
-            trace.record(join(prefix, "output"), y)
-        return y
-
-    def step(self, y: Tensor, cache: list[LayerCache], memory: Tensor | None = None,
-             memory_mask: Tensor | None = None, memory_keep: Tensor | None = None) -> Tensor:
-        """One decoding step in eval mode: y (batch, d), each row's newest embedded position -> (batch, d)."""
-        for layer, layer_cache in zip(self.layers, cache, strict=True):
-            y = layer.step(y, layer_cache, memory, memory_mask, memory_keep)
-        return y if self.norm is None else self.norm(y)
+        return self.output(y)                                                # (batch, tgt, d)
 
 
 class DecoderCache:
@@ -151,25 +144,15 @@ class DecoderCache:
 
     def __init__(self, n_layers: int) -> None:
         self.layers = [LayerCache() for _ in range(n_layers)]
-        self._source: tuple[weakref.ref, tuple] | None = None  # (src_pad, what cross-attention gets)
+        self._source: tuple[weakref.ref, Tensor | None] | None = None  # (src_pad, what cross-attention gets)
 
     def source_padding(self, src_pad: Tensor | None) -> Tensor | None:
         """src_pad, or None when it flags no PAD, so cross-attention runs unmasked (no mask, no empty-row
         check and its host sync): looked at once per src_pad tensor, not at every step and layer."""
-        return self.source_visibility(src_pad)[0]
-
-    def source_visibility(self, src_pad: Tensor | None) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-        """(src_pad or None, cross-attention mask (batch, 1, 1, src) or None, keep (batch, 1, 1, 1) or None).
-
-        The mask lets a row whose source is all PAD see every key, and keep zeroes that row's output
-        (as `guard_empty_rows` does); all of it is worked out once per src_pad tensor.
-        """
         if src_pad is None:
-            return None, None, None
+            return None
         if self._source is None or self._source[0]() is not src_pad:
-            pad = src_pad if bool(src_pad.any()) else None
-            mask, keep = guard_empty_rows(padding_mask(pad)) if pad is not None else (None, None)
-            self._source = (weakref.ref(src_pad), (pad, mask, keep))
+            self._source = (weakref.ref(src_pad), src_pad if bool(src_pad.any()) else None)
         return self._source[1]
 
     @property
@@ -187,8 +170,12 @@ def _label_smoothed_nll(logits: Tensor, labels: Tensor, smoothing: float) -> Ten
     return F.cross_entropy(logits.float(), labels, reduction="sum", label_smoothing=smoothing)
 
 
-class Transformer(nn.Module):
-    """The 2017 encoder-decoder: source encoder, target decoder with cross-attention, vocabulary head."""
+class Transformer(Hooked, nn.Module):
+    """The 2017 encoder-decoder: source encoder, target decoder with cross-attention, vocabulary head.
+
+    Hook point `logits`; every other probe lives in the encoder and decoder (docs/probes.md).
+    `model.probes(...)` records, `model.intervene(...)` replaces values (hooks.py).
+    """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -198,6 +185,7 @@ class Transformer(nn.Module):
         self.encoder = Encoder(cfg, cfg.encoder_layers)
         self.decoder = Decoder(cfg, cfg.decoder_layers, cross=True)
         self.generator = nn.Linear(cfg.d_model, cfg.tgt_vocab, bias=False)  # the vocabulary head
+        self.logits_hook = HookPoint("logits")
         if cfg.tie_target:
             self.generator.weight = self.tgt_embed.token.weight
         else:
@@ -207,40 +195,33 @@ class Transformer(nn.Module):
     def source_padding(self, src: Tensor) -> Tensor:
         return src == self.cfg.pad_id                                        # (batch, src) True = PAD
 
-    def encode(self, src: Tensor, src_pad: Tensor | None = None, trace: Trace | None = None) -> Tensor:
+    def encode(self, src: Tensor, src_pad: Tensor | None = None) -> Tensor:
         """src ids (batch, src) -> H (batch, src, d)."""
         src_pad = self.source_padding(src) if src_pad is None else src_pad
-        x = self.src_embed(src)
-        if trace is not None:
-            trace.record("encoder.embedding", x)
-        return self.encoder(x, src_pad, trace=child(trace, "encoder"))
+        return self.encoder(self.src_embed(src), src_pad)
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_pad: Tensor | None = None,
-               tgt_pad: Tensor | None = None, cache: DecoderCache | None = None,
-               trace: Trace | None = None) -> Tensor:
-        """Right-shifted target ids (batch, tgt) + H -> decoder output rows (batch, tgt, d)."""
+               tgt_pad: Tensor | None = None, cache: DecoderCache | None = None) -> Tensor:
+        """Right-shifted target ids (batch, tgt) + H -> decoder output rows (batch, tgt, d).
+
+        With `cache`, tgt_in holds only the newest ids (positions cache.length..); their rows attend to
+        the cached ones (incremental decoding)."""
         offset = cache.length if cache is not None else 0
         y = self.tgt_embed(tgt_in, offset=offset)
-        if trace is not None:
-            trace.record("decoder.embedding", y)
-        if cache is not None and trace is None:
+        if cache is not None:
             src_pad = cache.source_padding(src_pad)                          # None when no source row has PAD
-        return self.decoder(y, memory, src_pad, tgt_pad, cache=cache.layers if cache is not None else None,
-                            trace=child(trace, "decoder"))
+        return self.decoder(y, memory, src_pad, tgt_pad, cache=cache.layers if cache is not None else None)
 
     def logits(self, hidden: Tensor) -> Tensor:
-        return linear(hidden, self.generator.weight)                         # (..., tgt_vocab)
+        return self.logits_hook(self.generator(hidden))                      # (..., tgt_vocab)
 
     # ---- whole passes --------------------------------------------------------------------
     def forward(self, src: Tensor, tgt_in: Tensor, src_pad: Tensor | None = None,
-                tgt_pad: Tensor | None = None, trace: Trace | None = None) -> Tensor:
+                tgt_pad: Tensor | None = None) -> Tensor:
         """Teacher forcing: every target row's next-token logits in one pass, (batch, tgt, vocab)."""
         src_pad = self.source_padding(src) if src_pad is None else src_pad
-        memory = self.encode(src, src_pad, trace)
-        logits = self.logits(self.decode(tgt_in, memory, src_pad, tgt_pad, trace=trace))
-        if trace is not None:
-            trace.record("logits", logits)
-        return logits
+        memory = self.encode(src, src_pad)
+        return self.logits(self.decode(tgt_in, memory, src_pad, tgt_pad))
 
     def loss(self, src: Tensor, tgt_in: Tensor, labels: Tensor, label_smoothing: float = 0.0,
              src_pad: Tensor | None = None, packed: bool = True) -> tuple[Tensor, int]:
@@ -273,18 +254,13 @@ class Transformer(nn.Module):
                     cache: DecoderCache) -> Tensor:
         """Feed the newest target token(s) (batch, new) through the cache; logits (batch, new, vocab).
 
-        One new token per row in eval mode takes `Decoder.step` (one query row, fewer operations): the
-        same numbers as `decode`, which training, prefixes and traces use.
+        The reference incremental path: `decode` with the cache. The inference package runs the same
+        step faster (static cache, prepared weights) and is tested against this one.
         """
-        if tokens.size(1) != 1 or self.training:
-            return self.logits(self.decode(tokens, memory, src_pad, cache=cache))
-        with serial_if_small(tokens.size(0), tokens.device):
-            y = self.tgt_embed(tokens, offset=cache.length)[:, 0]            # (batch, d)
-            _, mask, keep = cache.source_visibility(src_pad)
-            return self.logits(self.decoder.step(y, cache.layers, memory, mask, keep))[:, None]  # (batch, 1, vocab)
+        return self.logits(self.decode(tokens, memory, src_pad, cache=cache))
 
 
-class EncoderOnlyModel(nn.Module):
+class EncoderOnlyModel(Hooked, nn.Module):
     """BERT-like: bidirectional encoder layers and a tied head for masked-token reconstruction."""
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -294,16 +270,14 @@ class EncoderOnlyModel(nn.Module):
         self.encoder = Encoder(cfg, cfg.encoder_layers)
         self.head = nn.Linear(cfg.d_model, cfg.src_vocab, bias=False)
         self.head.weight = self.embed.token.weight
+        self.logits_hook = HookPoint("logits")
 
-    def forward(self, ids: Tensor, pad: Tensor | None = None, trace: Trace | None = None) -> Tensor:
+    def forward(self, ids: Tensor, pad: Tensor | None = None) -> Tensor:
         pad = ids == self.cfg.pad_id if pad is None else pad
-        x = self.embed(ids)
-        if trace is not None:
-            trace.record("encoder.embedding", x)
-        return self.head(self.encoder(x, pad, trace=child(trace, "encoder")))   # (batch, len, vocab)
+        return self.logits_hook(self.head(self.encoder(self.embed(ids), pad)))   # (batch, len, vocab)
 
 
-class DecoderOnlyModel(nn.Module):
+class DecoderOnlyModel(Hooked, nn.Module):
     """GPT-like: causal layers (no cross-attention) and a tied head for next-token prediction."""
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -313,14 +287,12 @@ class DecoderOnlyModel(nn.Module):
         self.decoder = Decoder(cfg, cfg.decoder_layers, cross=False)
         self.head = nn.Linear(cfg.d_model, cfg.tgt_vocab, bias=False)
         self.head.weight = self.embed.token.weight
+        self.logits_hook = HookPoint("logits")
 
-    def forward(self, ids: Tensor, cache: DecoderCache | None = None, trace: Trace | None = None) -> Tensor:
+    def forward(self, ids: Tensor, cache: DecoderCache | None = None) -> Tensor:
         offset = cache.length if cache is not None else 0
-        y = self.embed(ids, offset=offset)
-        if trace is not None:
-            trace.record("decoder.embedding", y)
-        h = self.decoder(y, cache=cache.layers if cache is not None else None, trace=child(trace, "decoder"))
-        return self.head(h)                                                  # (batch, len, vocab)
+        h = self.decoder(self.embed(ids, offset=offset), cache=cache.layers if cache is not None else None)
+        return self.logits_hook(self.head(h))                                # (batch, len, vocab)
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache(self.cfg.decoder_layers)

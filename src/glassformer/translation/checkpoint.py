@@ -233,7 +233,9 @@ def load_translator_parts(folder: str | Path, device: str | torch.device = "cpu"
     root = find_run_root(folder)
     config = read_json(root / CONFIG)
     vocab = read_json(root / VOCAB)
-    cfg = ModelConfig.from_dict(config["model"])
+    # Folders written before ModelConfig dropped `activation` (always "relu") and `extra` still load;
+    # their cross-attention weights (one fused in_proj) are split by CrossAttention on loading.
+    cfg = ModelConfig.from_dict({k: v for k, v in config["model"].items() if k not in ("activation", "extra")})
     model = Transformer(cfg)
     load_weights(model, weights_path(folder))
     model.to(device).eval()

@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import UsageError
+from ..inference import StepDecoder, decoding_threads, use_threads
+from ..model import Transformer
 from .tokenize import BOS, EOS, PAD, SourceEncoding, SourceTokenizer, TargetTokenizer
 
 LENGTH_A, LENGTH_B = 2.0, 10      # output limit: a * source_len + b tokens
@@ -233,16 +235,23 @@ class Translator:
 
     def translate_ids(self, sources: Sequence[Sequence[int]], beam: int = 1,
                       alpha: float = DEFAULT_ALPHA) -> list[list[int]]:
-        """Target ids for source id lists; sorted by length into batches, returned in input order."""
+        """Target ids for source id lists; sorted by length into batches, returned in input order.
+
+        Decoding runs on glassformer.inference (prepared from the model's weights now, so a model that is
+        still training is read afresh at each call), with the thread policy for this batch size."""
         out: list[list[int]] = [[] for _ in sources]
         order = sorted((i for i, s in enumerate(sources) if len(s)), key=lambda i: len(sources[i]))
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start: start + self.batch_size]
-            src = pad_batch([sources[i] for i in chunk]).to(self.device)
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
-                hyps = decode_batch(self.model, src, beam=beam, alpha=alpha)
-            for i, h in zip(chunk, hyps, strict=True):
-                out[i] = h
+        if not order:
+            return out
+        decoder = StepDecoder(self.model) if isinstance(self.model, Transformer) else self.model
+        with use_threads(decoding_threads(min(len(order), self.batch_size) * beam)):
+            for start in range(0, len(order), self.batch_size):
+                chunk = order[start: start + self.batch_size]
+                src = pad_batch([sources[i] for i in chunk]).to(self.device)
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+                    hyps = decode_batch(decoder, src, beam=beam, alpha=alpha)
+                for i, h in zip(chunk, hyps, strict=True):
+                    out[i] = h
         return out
 
     def detokenize(self, ids: Sequence[int]) -> str:

@@ -12,7 +12,6 @@ from typing import Any
 import torch
 
 from ..errors import UsageError
-from ..model import Trace
 from .decode import Translator, greedy
 from .tokenize import BOS, EOS
 
@@ -49,9 +48,9 @@ def explain(translator: Translator, sentence: str, target: str | None = None, al
     tgt_in = torch.tensor([[BOS, *out]], dtype=torch.long, device=device)  # (1, tgt)
     labels = [*out, EOS]
     layers = range(model.cfg.decoder_layers) if all_layers else [model.cfg.decoder_layers - 1]
-    trace = Trace([f"decoder.{i}.cross_attention.head.*.weights" for i in layers] + ["logits"])
     model.eval()
-    model(src, tgt_in, trace=trace)
+    with model.probes(*[f"decoder.{i}.cross_attention.head.*.weights" for i in layers], "logits") as trace:
+        model(src, tgt_in)
     probs = torch.softmax(trace["logits"][0].float(), dim=-1)              # (tgt, vocab)
     names = [tgt_tok.id_to_token(i) or "?" for i in tgt_in[0].tolist()]
     names[0] = "<s>"

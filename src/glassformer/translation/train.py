@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
+from ..inference.threads import training_threads
 from ..model import ModelConfig, Transformer
 from .batching import Example, collate, make_batches, rank_share, step_groups
 from .checkpoint import (
@@ -330,7 +331,7 @@ class Trainer:
         self.log_every = args.log_every or 10
         self.eval = not args.no_eval
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        torch.set_num_threads(args.threads or max(1, 2 // world))          # 2 cores shared by the ranks
+        torch.set_num_threads(training_threads(world, args.threads))       # the usable cores, shared by the ranks
         self.device = pick_device(args.device or "auto", int(os.environ.get("LOCAL_RANK", "0")))
         self.dist = init_distributed(self.device)
         torch.manual_seed(self.settings["seed"])

@@ -1,0 +1,64 @@
+"""The thread policy: how many intra-op threads torch uses, decided once at each entry point.
+
+torch's thread count is process-wide, so it is set where a program starts (the CLI command, the lab
+server, a training run, a benchmark case), never inside a forward. The numbers behind the choices are
+in docs/performance.md:
+
+- decoding a few rows (batch 1, or one sentence with 4 beams): one thread. Each operation of such a
+  step is about as long as waking a second thread, so splitting it costs more than it saves;
+- decoding larger batches and training: every core the process may use (split between DDP ranks);
+- the lab: one thread, many small requests behind one lock.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+
+SERIAL_MAX_ROWS = 4            # up to 4 rows per step (batch 1, or one sentence with 4 beams): one thread
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:                                   # macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+def training_threads(world: int = 1, requested: int | None = None) -> int:
+    """Threads per training process: `requested`, else the usable cores shared by the `world` ranks."""
+    return requested if requested else max(1, usable_cores() // max(1, world))
+
+
+def lesson_threads() -> int:
+    """The lesson's traces and checks: one thread (tiny tensors; a second thread only waits)."""
+    return 1
+
+
+def serving_threads() -> int:
+    """The lab server: one thread (requests are small; more threads only add synchronisation)."""
+    return 1
+
+
+def decoding_threads(rows: int, available: int | None = None) -> int:
+    """Threads for decoding `rows` rows per step (batch x beams): 1 for a few rows, else `available`
+    (default: the count already set for this process, so a decoding job never raises it)."""
+    available = torch.get_num_threads() if available is None else available
+    return 1 if rows <= SERIAL_MAX_ROWS else max(1, available)
+
+
+@contextmanager
+def use_threads(n: int) -> Iterator[int]:
+    """Run the block with `n` intra-op threads and give the previous count back afterwards."""
+    saved = torch.get_num_threads()
+    if n != saved:
+        torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        if torch.get_num_threads() != saved:
+            torch.set_num_threads(saved)
