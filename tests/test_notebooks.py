@@ -160,6 +160,13 @@ def test_the_notebooks_show_the_lessons_numbers(executed):
         positions = _text(notebooks[NOTEBOOKS / lang / "03_positions.ipynb"])
         off, on = (float(x) for x in re.findall(r"max \|H' − PH\| = (\S+)", positions))
         assert off < 1e-5 < 1e-2 < on
+        translator = _text(notebooks[NOTEBOOKS / lang / "04_translator.ipynb"])
+        future = re.search(r"(?:之和|future positions).*?[:：] (\S+)", translator)
+        assert future and float(future[1]) == 0.0                     # the triangle hides the future
+        p_clean, p_corrupt = (float(x) for x in re.findall(r"p\(him \| .\) = (\S+)", translator))
+        assert 0 < p_clean < 1 and 0 < p_corrupt < 1 and p_clean != p_corrupt
+        everything = re.search(r"(?:恢复 |patched at once: )(-?\d+\.\d+)", translator)
+        assert everything and abs(float(everything[1]) - 1) < 1e-3     # cross-attention is the only way in
         decoding = _text(notebooks[NOTEBOOKS / lang / "05_decoding.ipynb"])
         assert decoding.count("True") >= 2 and "False" not in decoding
 

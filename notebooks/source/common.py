@@ -30,13 +30,16 @@ np.set_printoptions(precision=6, suppress=True)
 
 
 def heatmap(ax, m, rows=None, cols=None, title="", digits=2, cmap="viridis"):
-    """A small matrix as a heat map with its numbers written in; None / -inf (masked) cells stay blank."""
+    """A matrix as a heat map with its numbers written in (digits=None: no numbers); None / -inf (masked) cells
+    stay blank."""
+    if hasattr(m, "detach"):                                               # a torch tensor
+        m = m.detach().double().cpu().numpy()
     a = np.array([[np.nan if v is None else v for v in row] for row in np.atleast_2d(np.asarray(m, dtype=object))],
                  dtype=float)
     shown = np.where(np.isfinite(a), a, np.nan)
     ax.imshow(shown, cmap=cmap, aspect="auto")
     middle = np.nanmean(shown) if np.isfinite(shown).any() else 0.0
-    for (i, j), v in np.ndenumerate(a):
+    for (i, j), v in np.ndenumerate(a if digits is not None else np.zeros((0, 0))):
         label = f"{v:.{digits}f}" if np.isfinite(v) else "−∞"
         ax.text(j, i, label, ha="center", va="center", fontsize=8,
                 color="white" if np.isfinite(v) and v < middle else "black")
