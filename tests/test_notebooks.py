@@ -1,12 +1,14 @@
 """The notebooks: built from one source per chapter, committed without outputs, Chinese and English in step,
 and every cell of every notebook runs top to bottom against the seeded untrained model.
 
-All notebooks run in one kernel (imports are paid once); before each one the namespace is wiped and the
-working directory moved to the notebook's folder, so no notebook can lean on another's variables.
+The notebooks of a language run in one kernel (imports are paid once), the two languages side by side;
+before each notebook the namespace is wiped and the working directory moved to the notebook's folder, so no
+notebook can lean on another's variables.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import os
@@ -96,15 +98,11 @@ def test_twins_run_the_same_code_and_speak_their_language():
                     f"{zh_path.name}: an English Markdown cell reads mostly Chinese"
 
 
-def _execute_all(paths: list[Path], env: dict[str, str]) -> tuple[dict[Path, object], float]:
-    """Run every notebook in one kernel; each starts with an empty namespace in its own folder."""
-    from jupyter_client.utils import run_sync
-
+async def _run_in_one_kernel(paths: list[Path], env: dict[str, str], done: dict) -> None:
+    """Run notebooks one after another in one kernel; each starts with an empty namespace in its own folder."""
     owner = nbclient.NotebookClient(_read(paths[0]), kernel_name="python3")
     km = owner.create_kernel_manager()
-    start = time.perf_counter()
-    owner.start_new_kernel(cwd=str(paths[0].parent), env={**os.environ, **env})
-    done = {}
+    await owner.async_start_new_kernel(cwd=str(paths[0].parent), env={**os.environ, **env})
     try:
         for path in paths:
             nb = _read(path)
@@ -113,11 +111,25 @@ def _execute_all(paths: list[Path], env: dict[str, str]) -> tuple[dict[Path, obj
                 "%config InlineBackend.print_figure_kwargs = {'bbox_inches': None}")
             nb.cells.insert(0, fresh)
             client = nbclient.NotebookClient(nb, km=km, timeout=EXECUTION_LIMIT_S, allow_errors=False)
-            client.execute()                                          # the kernel stays up for the next one
+            await client.async_execute()                              # the kernel stays up for the next one
             client.kc.stop_channels()
             done[path] = nb
     finally:
-        run_sync(km.shutdown_kernel)(now=True)
+        await km.shutdown_kernel(now=True)
+
+
+def _execute_all(paths: list[Path], env: dict[str, str]) -> tuple[dict[Path, object], float]:
+    """Execute the notebooks, one kernel per folder (language), the kernels side by side."""
+    by_folder: dict[Path, list[Path]] = {}
+    for path in paths:
+        by_folder.setdefault(path.parent, []).append(path)
+    done: dict[Path, object] = {}
+
+    async def run_all():
+        await asyncio.gather(*(_run_in_one_kernel(group, env, done) for group in by_folder.values()))
+
+    start = time.perf_counter()
+    asyncio.run(run_all())
     return done, time.perf_counter() - start
 
 

@@ -69,8 +69,8 @@ fig, axes = plt.subplots(1, 7, figsize=(15, 2.6))
 heatmap(axes[0], spec["q"], queries, ["d1", "d2"], "Q", digits=0)
 heatmap(axes[1], spec["k"], keys, ["d1", "d2"], "K", digits=0)
 heatmap(axes[2], spec["v"], keys, ["d1", "d2"], "V", digits=0)
-heatmap(axes[3], scaled["scores"], queries, keys, "QKᵀ", digits=0)
-heatmap(axes[4], scaled["scaled_scores"], queries, keys, "QKᵀ / √d_k", digits=3)
+heatmap(axes[3], scaled["scores"], queries, keys, r"$QK^T$", digits=0)
+heatmap(axes[4], scaled["scaled_scores"], queries, keys, r"$QK^T/\sqrt{d_k}$", digits=3)
 heatmap(axes[5], scaled["weights"], queries, keys, T("softmax（每行和为 1）", "softmax (rows sum to 1)"), digits=3)
 heatmap(axes[6], scaled["output"], queries, ["d1", "d2"], T("输出 AV", "output AV"), digits=3)
 fig.suptitle(T("2×3 练习：两个 query 读三个 key/value", "The 2×3 exercise: two queries read three keys/values"))
@@ -103,7 +103,7 @@ block = examples.block_spec()
 out = run_spec(block)
 heads = out["self_attention"]["heads"]
 keys6 = ["q", "k", "v", "scores", "scaled_scores", "weights", "output"]
-titles = ["Q", "K", "V", "QKᵀ", "÷√d_k", "softmax", T("head 输出", "head output")]
+titles = ["Q", "K", "V", r"$QK^T$", r"$\div\sqrt{d_k}$", "softmax", T("head 输出", "head output")]
 fig, axes = plt.subplots(2, 7, figsize=(16, 4.6))
 for h, head in enumerate(heads):
     for c, (key, title) in enumerate(zip(keys6, titles)):
@@ -122,10 +122,10 @@ plt.show()
 
 # %%
 first, second = out["sublayers"]
-stages = [("concat", out["self_attention"]["concat"]), ("MHA = concat·W^O", out["self_attention"]["output"]),
-          ("X + MHA", first["residual"]), ("U = LN₁", first["normed"]),
-          ("ReLU(UW₁)", out["ffn"]["hidden"]), ("FFN(U)", out["ffn"]["output"]),
-          ("U + FFN", second["residual"]), ("Z = LN₂", second["normed"])]
+stages = [("concat", out["self_attention"]["concat"]), (r"MHA = concat$\cdot W^O$", out["self_attention"]["output"]),
+          ("X + MHA", first["residual"]), (r"$U = LN_1$", first["normed"]),
+          (r"ReLU$(UW_1)$", out["ffn"]["hidden"]), ("FFN(U)", out["ffn"]["output"]),
+          ("U + FFN", second["residual"]), (r"$Z = LN_2$", second["normed"])]
 fig, axes = plt.subplots(1, len(stages), figsize=(17, 2.6))
 for ax, (title, m) in zip(axes, stages):
     heatmap(ax, m, tokens, None, title)

@@ -59,16 +59,16 @@ decoder_self = combine(causal, padding_mask(tgt_pad)[:, 0])               # (bat
 cross = padding_mask(src_pad)[:, 0].expand(-1, n_tgt, -1)                 # (batch, tgt, src)
 counts = loss_mask(labels, tgt_vocab[examples.PAD])                       # (batch, tgt)
 
+as_mask = {"digits": 0, "cmap": "Greens", "vmin": 0, "vmax": 1}   # 1 = True, 0 = False
 fig, axes = plt.subplots(2, 4, figsize=(17, 8))
 for b, sample in enumerate("AB"):
     s, t = examples.BATCH_SOURCE[b], examples.BATCH_TARGET_INPUT[b]
-    heatmap(axes[b, 0], encoder_self[b].int(), s, s, f"{sample}: encoder self", digits=0, cmap="Greens")
-    heatmap(axes[b, 1], decoder_self[b].int(), t, t, f"{sample}: decoder masked self", digits=0, cmap="Greens")
-    heatmap(axes[b, 2], cross[b].int(), t, s, f"{sample}: cross (tgt × src)", digits=0, cmap="Greens")
-heatmap(axes[0, 3], causal.int(), range(6), range(6), T("causal 表 6×6", "causal table 6×6"), digits=0,
-        cmap="Greens")
+    heatmap(axes[b, 0], encoder_self[b].int(), s, s, f"{sample}: encoder self", **as_mask)
+    heatmap(axes[b, 1], decoder_self[b].int(), t, t, f"{sample}: decoder masked self", **as_mask)
+    heatmap(axes[b, 2], cross[b].int(), t, s, f"{sample}: cross (tgt × src)", **as_mask)
+heatmap(axes[0, 3], causal.int(), range(6), range(6), T("causal 表 6×6", "causal table 6×6"), **as_mask)
 heatmap(axes[1, 3], counts.int(), ["A", "B"], [f"{i}" for i in range(n_tgt)], T("loss mask（标签计入）",
-        "loss mask (label counts)"), digits=0, cmap="Greens")
+        "loss mask (label counts)"), **as_mask)
 for ax in axes[:, :3].flat:
     ax.set_xlabel("key")
     ax.set_ylabel("query")

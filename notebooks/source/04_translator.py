@@ -4,7 +4,7 @@
 # 源句“我／昨天／给／了／他／一／本／书／。”，目标输入是右移后的 BOS、I、gave、him、a、book、yesterday、句号。
 # 这一章把整句送进翻译模型一次，用 `model.probes(...)` 录下每一张 attention 表和词表头的 logits：
 # encoder self-attention（9×9）、decoder masked self-attention（三角）、cross-attention 在 `gave` 这一行读了哪些源单位，
-# 以及 `gave` 行给 him 的概率和其他候选。最后用 `model.intervene(...)` 做 activation patching：哪些 head 把“他”带到了 him。
+# 以及 `gave` 行给 him 的概率和其他候选（目标词表若把词切成子词，`gave` 行指 gave 的最后一片，him 指它的第一片）。最后用 `model.intervene(...)` 做 activation patching：哪些 head 把“他”带到了 him。
 # %% md en
 # # Chapter 4 — the whole translator: nine units, one prediction of *him*
 #
@@ -12,7 +12,8 @@
 # right-shifted target input BOS, I, gave, him, a, book, yesterday, full stop. This chapter sends the sentence
 # through the translator once and records, with `model.probes(...)`, every attention table and the vocabulary
 # logits: encoder self-attention (9×9), decoder masked self-attention (a triangle), which source units
-# cross-attention reads at the `gave` row, and the probability the `gave` row gives to *him* with its rivals.
+# cross-attention reads at the `gave` row, and the probability the `gave` row gives to *him* with its rivals
+# (where the target vocabulary cuts words into pieces, the `gave` row is gave's last piece and *him* its first).
 # Finally `model.intervene(...)` does activation patching: which heads carry 他 to *him*.
 
 # %% setup
@@ -51,7 +52,7 @@ src = torch.tensor([encoding.ids])                                        # (1, 
 target_ids = lab.target.encode("I gave him a book yesterday.")
 tgt_in = torch.tensor([[BOS, *target_ids]])                               # (1, tgt): right-shifted
 targets = [lab.piece(int(t)) for t in tgt_in[0]]
-gave = targets.index("gave") if "gave" in targets else examples.GAVE_ROW  # the row that predicts him
+gave = len(lab.target.encode("I gave"))         # the row of gave's last piece (BOS is row 0): it predicts him
 print(T("源：", "source:"), units, T(" 未知：", " unknown:"), encoding.unknown)
 print(T("目标输入：", "target input:"), targets, T(f"；gave 在第 {gave} 行", f"; gave is row {gave}"))
 

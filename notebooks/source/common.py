@@ -29,20 +29,21 @@ if not cjk:
 np.set_printoptions(precision=6, suppress=True)
 
 
-def heatmap(ax, m, rows=None, cols=None, title="", digits=2, cmap="viridis"):
+def heatmap(ax, m, rows=None, cols=None, title="", digits=2, cmap="viridis", vmin=None, vmax=None):
     """A matrix as a heat map with its numbers written in (digits=None: no numbers); None / -inf (masked) cells
     stay blank."""
     if hasattr(m, "detach"):                                               # a torch tensor
         m = m.detach().double().cpu().numpy()
     a = np.array([[np.nan if v is None else v for v in row] for row in np.atleast_2d(np.asarray(m, dtype=object))],
                  dtype=float)
-    shown = np.where(np.isfinite(a), a, np.nan)
-    ax.imshow(shown, cmap=cmap, aspect="auto")
-    middle = np.nanmean(shown) if np.isfinite(shown).any() else 0.0
+    if cmap == "coolwarm" and vmin is None and vmax is None:              # differences: white at 0
+        vmax = float(np.nanmax(np.abs(a[np.isfinite(a)]), initial=0)) or 1.0
+        vmin = -vmax
+    image = ax.imshow(np.where(np.isfinite(a), a, np.nan), cmap=cmap, aspect="auto", vmin=vmin, vmax=vmax)
     for (i, j), v in np.ndenumerate(a if digits is not None else np.zeros((0, 0))):
-        label = f"{v:.{digits}f}" if np.isfinite(v) else "−∞"
-        ax.text(j, i, label, ha="center", va="center", fontsize=8,
-                color="white" if np.isfinite(v) and v < middle else "black")
+        r, g, b, _ = image.cmap(image.norm(v)) if np.isfinite(v) else (1, 1, 1, 1)
+        ax.text(j, i, f"{v:.{digits}f}" if np.isfinite(v) else "−∞", ha="center", va="center", fontsize=8,
+                color="white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black")
     ax.set_xticks(range(a.shape[1]), cols if cols is not None else range(a.shape[1]))
     ax.set_yticks(range(a.shape[0]), rows if rows is not None else range(a.shape[0]))
     ax.set_title(title, fontsize=10)
