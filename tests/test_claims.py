@@ -12,8 +12,7 @@ import torch.nn.functional as F
 
 import glassformer.model.attention as attention_module
 from glassformer.lesson import claims
-from glassformer.lesson.claims import CHECKS, Claim, run_all, run_check
-from glassformer.model.attention import CrossAttention
+from glassformer.lesson.claims import CHECKS, Measurement, detail, reading, run_all, run_check
 from glassformer.model.transformer import Transformer
 
 CLAIM_IDS = ([f"A{i}" for i in range(1, 8)] + [f"B{i}" for i in range(1, 9)] + [f"C{i}" for i in range(1, 7)]
@@ -27,18 +26,32 @@ def test_one_check_per_claim_in_order():
 @pytest.mark.parametrize("claim_id", CLAIM_IDS)
 def test_claim_holds(claim_id):
     claim = run_check(claim_id)
-    assert claim.passed, f"{claim_id}: {claim.measured}"
-    assert claim.measured and claim.title and any(ch.isdigit() for ch in claim.measured)
+    assert claim.passed, f"{claim_id}: {detail(claim)}"
+    assert claim.title and claim.values and any(ch.isdigit() for ch in detail(claim))
+    assert "{" not in detail(claim), detail(claim)                          # every template field was filled
 
 
 def test_run_all_runs_every_registered_check_in_order(monkeypatch):
     calls = []
-    fake = {i: (f"claim {i}", lambda i=i: (calls.append(i) or f"measured {i}", i != "B2")) for i in ("A1", "B2", "C3")}
-    monkeypatch.setattr(claims, "CHECKS", fake)
+    fake = {i: (f"claim {i}", lambda i=i: calls.append(i) or reading("measured {x:Δ}", i != "B2", x=0.25))
+            for i in ("A1", "B2", "C3")}
+    monkeypatch.setattr(claims.registry, "CHECKS", fake)
     result = run_all()
-    assert calls == ["A1", "B2", "C3"] and all(isinstance(c, Claim) for c in result)
-    assert [(c.id, c.passed, c.measured) for c in result] == [
-        ("A1", True, "measured A1"), ("B2", False, "measured B2"), ("C3", True, "measured C3")]
+    assert calls == ["A1", "B2", "C3"] and all(isinstance(c, Measurement) for c in result)
+    assert [(c.id, c.passed, detail(c)) for c in result] == [
+        ("A1", True, "measured 2.5e-01"), ("B2", False, "measured 2.5e-01"), ("C3", True, "measured 2.5e-01")]
+
+
+def test_renderer_prints_rows_and_gives_json_with_values():
+    rows = [Measurement("A1", "one", {"err": 0.0, "n": 3}, {"exact": 1e-10}, True, "|Δ| = {err:Δ} over {n}"),
+            Measurement("B2", "two", {"err": float("inf")}, {}, False, "|Δ| = {err:Δ}")]
+    text = claims.as_text(rows).splitlines()
+    assert text == ["A1  PASS  one | |Δ| = 0 over 3", "B2  FAIL  two | |Δ| = inf", "2 claims: 1 PASS, 1 FAIL (B2)"]
+    table = claims.as_json(rows)
+    assert table["passed"] == 1 and table["total"] == 2 and table["failed"] == ["B2"]
+    assert table["claims"][0] == {"id": "A1", "title": "one", "measured": "|Δ| = 0 over 3", "passed": True,
+                                  "values": {"err": 0.0, "n": 3}, "tolerance": {"exact": 1e-10}}
+    assert table["claims"][1]["values"] == {"err": None}                   # strict JSON: no Infinity
 
 
 def test_a_crashing_check_is_a_failure(monkeypatch):
@@ -46,10 +59,13 @@ def test_a_crashing_check_is_a_failure(monkeypatch):
         raise RuntimeError("shape mismatch")
     monkeypatch.setitem(CHECKS, "A1", ("rows stay rows", broken))
     claim = run_check("A1")
-    assert not claim.passed and "RuntimeError: shape mismatch" in claim.measured
+    assert not claim.passed and "RuntimeError: shape mismatch" in detail(claim)
 
 
-# ---- plausible bugs, patched into the model code; the guarding checks must fail -----------------
+# ---- plausible bugs; the guarding checks must fail ------------------------------------------------
+# Most are written as hooks: run_check(id, interventions) attaches them (model.intervene) to every model
+# the check builds. The lesson's BLOCK runs through trace spec v1, which builds its own layer: the bugs
+# that must reach it replace the attention function or LayerNorm themselves.
 
 def _buggy_attend(bug: str):
     """The math backend with one mistake; it still passes every value through the head hook points."""
@@ -120,14 +136,12 @@ def test_causal_mask_off_by_one_is_caught(monkeypatch, shift):
         assert not run_check(claim_id).passed, claim_id
 
 
-def test_triangle_on_cross_attention_is_caught(monkeypatch):
-    attend = CrossAttention.attend
-
-    def with_triangle(self, q, k, v, mask, bias, causal_offset=None):
-        return attend(self, q, k, v, mask, bias, 0)                         # queries see keys j <= i only
-    monkeypatch.setattr(CrossAttention, "attend", with_triangle)
-    for claim_id in ("D2", "D4"):
-        assert not run_check(claim_id).passed, claim_id
+def test_triangle_on_cross_attention_is_caught():
+    # cross-attention's visibility (the `mask` hook point) gets a causal triangle: target row i sees source j <= i
+    def triangle(mask, name):                                                # (batch, query, key)
+        return mask & torch.ones_like(mask).tril()
+    assert _caught("D2", {"decoder.*.cross_attention.mask": triangle})
+    assert run_check("D2", {"decoder.*.cross_attention.mask": lambda mask, name: mask}).passed   # identity: holds
 
 
 def test_pad_labels_in_the_loss_are_caught(monkeypatch):
@@ -138,11 +152,54 @@ def test_pad_labels_in_the_loss_are_caught(monkeypatch):
     assert not run_check("E3").passed
 
 
-def test_pad_keys_left_visible_are_caught(monkeypatch):
-    monkeypatch.setattr("glassformer.model.transformer.padding_mask",
-                        lambda pad: torch.ones_like(pad)[:, None, None, :].bool())
+def test_pad_keys_left_visible_are_caught():
+    # the source padding is dropped from the visibility of encoder self-attention and cross-attention
+    every_key = {"encoder.*.self_attention.mask": lambda mask, name: torch.ones_like(mask),
+                 "decoder.*.cross_attention.mask": lambda mask, name: torch.ones_like(mask)}
     for claim_id in ("E1", "E4", "D2"):
-        assert not run_check(claim_id).passed, claim_id
+        assert _caught(claim_id, every_key), claim_id
+
+
+def _caught(claim_id: str, interventions: dict) -> bool:
+    """The check fails on a model with the bug, by its measurement (not by crashing on the hooks)."""
+    m = run_check(claim_id, interventions)
+    return not m.passed and "error" not in m.values
+
+
+def _rewrite_weights(bug):
+    """Interventions on every head: remember its q and scaled scores, then replace its weights by bug(scaled, d_k)."""
+    seen = {}
+
+    def keep(value, name):
+        seen[name] = value
+        return value
+
+    def rewrite(value, name):
+        head = name.rsplit(".", 1)[0]
+        return bug(seen[f"{head}.scaled_scores"], seen[f"{head}.q"].size(-1))
+    return {"*.head.*.q": keep, "*.head.*.scaled_scores": keep, "*.head.*.weights": rewrite}
+
+
+def test_scale_after_softmax_written_as_a_hook_is_caught():
+    def after(scaled, d_k):                                                  # softmax(QKᵀ) / √d_k
+        return torch.nan_to_num(torch.softmax(scaled * math.sqrt(d_k), dim=-1)) / math.sqrt(d_k)
+    assert _caught("A3", _rewrite_weights(after))
+    right = _rewrite_weights(lambda scaled, d_k: torch.nan_to_num(torch.softmax(scaled, dim=-1)))
+    assert run_check("A3", right).passed                                      # the same hooks, the right formula
+
+
+def test_softmax_over_queries_written_as_a_hook_is_caught():
+    def over_queries(scaled, d_k):
+        return torch.nan_to_num(torch.softmax(scaled, dim=-2))
+    for claim_id in ("A3", "D3"):
+        assert _caught(claim_id, _rewrite_weights(over_queries)), claim_id
+
+
+def test_causal_mask_off_by_one_written_as_a_hook_is_caught():
+    def sees_next(mask, name):                                              # row i also sees key i + 1
+        return mask | torch.ones_like(mask).tril(1).triu(1)
+    for claim_id in ("D3", "D4"):
+        assert _caught(claim_id, {"decoder.*.self_attention.mask": sees_next}), claim_id
 
 
 def test_switched_off_head_ignored_is_caught(monkeypatch):

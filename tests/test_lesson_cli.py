@@ -112,14 +112,18 @@ def test_verify_selected_ids_json(capsys):
     out = json.loads(capsys.readouterr().out)
     assert [c["id"] for c in out["claims"]] == ["A5", "B3"] and out["failed"] == []
     assert "1.233154" in out["claims"][1]["measured"]
+    b3 = out["claims"][1]
+    assert [round(v, 6) for v in b3["values"]["z"]] == [1.233154, 0.588798, -0.424732, -1.39722]
+    assert b3["values"]["lesson"] <= b3["tolerance"]["lesson"] == 5e-7 and b3["passed"] is True
 
 
 def test_verify_exits_1_when_a_claim_fails(monkeypatch, capsys):
     from glassformer.lesson import claims
-    monkeypatch.setitem(claims.CHECKS, "A5", ("the 2×3 exercise", lambda: ("weights off by 0.1", False)))
+    monkeypatch.setitem(claims.CHECKS, "A5", ("the 2×3 exercise",
+                                              lambda: claims.reading("weights off by {off}", False, off=0.1)))
     assert main(["verify", "A5", "A6"]) == 1
     out = capsys.readouterr().out
-    assert "A5  FAIL" in out and "A6  PASS" in out and "1 FAIL (A5)" in out
+    assert "A5  FAIL" in out and "A6  PASS" in out and "1 FAIL (A5)" in out and "weights off by 0.1" in out
 
 
 def test_verify_unknown_id_exits_2(capsys):
@@ -138,8 +142,9 @@ def test_lesson_json_has_the_exercise_numbers(capsys):
     assert len(out["nine_units"]["weights"][0]) == 9 and "untrained" in out["nine_units"]["model"]
     assert out["batch"]["loss_terms"] == [6, 3]
     assert sum(map(sum, out["batch"]["causal"])) == 21
-    assert [sum(map(sum, m)) for m in out["batch"]["combined"]] == [21, 18]
-    assert out["batch"]["source_visible"][1] == [True, True, False, False, False, False]
+    assert [sum(map(sum, m)) for m in out["batch"]["decoder_self"]] == [21, 18]
+    assert out["batch"]["encoder_self"][1][0] == [True, True, False, False, False, False]
+    assert out["batch"]["cross"][1][5] == [True, True, False, False, False, False]
 
 
 def test_lesson_text_tables(capsys):

@@ -133,3 +133,63 @@ def test_evaluate_prints_bleu_and_chrf_with_signatures(model_dir, capsys, monkey
     result = json.loads(out)
     assert result["sentences"] == 233 and 0.0 <= result["bleu"] <= 100.0 and 0.0 <= result["chrf"] <= 100.0
     assert "nrefs:1" in result["bleu_signature"] and "nc:6" in result["chrf_signature"]
+
+
+def test_explain_of_a_greedy_output_cut_at_the_limit_ends_without_eos(model_dir, capsys, monkeypatch):
+    import glassformer.translation.explain as explain_module
+    from glassformer.translation.decode import output_limits
+
+    def cut_greedy(model, src, *args, **kw):                 # as if the model never chose EOS
+        limit = int(output_limits(src == model.cfg.pad_id, model.cfg.max_len)[0])
+        return [[7] * limit]
+    monkeypatch.setattr(explain_module, "greedy", cut_greedy)
+    code, out, _ = _run(capsys, monkeypatch, ["explain", "我很好。", "--model", str(model_dir), "--json"])
+    assert code == 0
+    walk = json.loads(out)
+    assert walk["finished"] is False
+    last = walk["rows"][-1]
+    assert last["next"] != "</s>" and last["rank"] == 1 and last["next"] == last["top"][0]["token"]
+    code, text, _ = _run(capsys, monkeypatch, ["explain", "我很好。", "--model", str(model_dir)])
+    assert code == 0 and "cut at the length limit" in text
+
+
+def _known_units(model_dir, n):
+    from glassformer.translation.decode import Translator
+
+    vocab = Translator.load(model_dir).source.vocab
+    units = [u for u in vocab.tokens if len(u) == 1 and "\u4e00" <= u <= "\u9fff"]
+    return units[:n]
+
+
+def test_patch_json_has_a_heads_by_layers_table(model_dir, capsys, monkeypatch):
+    a, b, c = _known_units(model_dir, 3)
+    code, out, err = _run(capsys, monkeypatch, ["patch", f"{a}／{b}／{c}", "--corrupt", f"{a}／{c}／{c}",
+                                                "--model", str(model_dir), "--json"])
+    assert code == 0, err
+    result = json.loads(out)
+    run = result["runs"][0]
+    layers, heads = result["layers"]["decoder"], result["heads"]
+    assert len(run["heads"]) == layers and all(len(row) == heads for row in run["heads"])
+    assert len(run["positions"]) == result["layers"]["encoder"] + 1 and len(run["positions"][0]) == 3
+    assert result["row_sees"][0] == "<s>" and len(result["row_sees"]) == result["row"] + 1
+    assert "".join(result["row_sees"][1:]) == "Igave"                         # the row that predicts him
+    assert run["nothing"]["fraction"] in (0.0, None)
+    assert run["all_heads"]["fraction"] is None or abs(run["all_heads"]["fraction"] - 1.0) < 1e-4
+    assert 0.0 < run["p_clean"] < 1.0 and 0.0 < run["p_corrupt"] < 1.0
+
+
+@pytest.mark.parametrize("case", ["unknown", "counts", "predict", "too-many", "empty"])
+def test_patch_bad_input_is_one_line_exit_2(model_dir, capsys, monkeypatch, case):
+    a, b, c = _known_units(model_dir, 3)
+    clean = f"{a}／{b}／{c}"
+    argv, expected = {
+        "unknown": ([clean, "--corrupt", f"{a}／龘／{c}"], "unknown unit '龘'"),
+        "counts": ([clean, "--corrupt", f"{a}／{b}"], "patching positions needs the same count"),
+        "predict": ([clean, "--corrupt", f"{a}／{c}／{c}", "--predict", "zebra"], "'zebra' is not a word"),
+        "too-many": ([clean, *["--corrupt", clean] * 5], "the limit is 4"),
+        "empty": (["  ", "--corrupt", clean], "clean: expected a non-empty"),
+    }[case]
+    code, out, err = _run(capsys, monkeypatch, ["patch", *argv, "--model", str(model_dir)])
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0] and "Traceback" not in err

@@ -1,7 +1,7 @@
 """The lab's JSON API, independent of HTTP: one method per endpoint, plain dicts in and out.
 
 Endpoints (documented in docs/lab.md): POST /api/trace, GET /api/block, POST /api/sentence,
-GET /api/masks, GET /api/verify, GET /api/info. Bad input raises `ApiError` (status 400 and the
+GET /api/masks, GET /api/verify, POST /api/patch, GET /api/info. Bad input raises `ApiError` (status 400 and the
 offending field); the server turns it into {"error": ..., "field": ...}. The model is shared by
 every request thread, so each use of it holds `LabAPI.lock` and runs under torch.inference_mode.
 """
@@ -23,7 +23,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from .. import __version__
 from ..errors import UsageError
 from ..lesson import examples
-from ..model import ModelConfig, Recording, Transformer, causal_mask, combine, loss_mask, padding_mask
+from ..lesson.views import lesson_batch, next_token_walk
+from ..model import ModelConfig, Recording, Transformer
 from ..translation.decode import greedy, output_limits
 from ..translation.tokenize import BOS, EOS, PAD, SPECIAL_TOKENS, SourceTokenizer, TargetTokenizer, Vocab
 
@@ -31,6 +32,7 @@ DEFAULT_MODEL_DIR = "runs/default"
 DEFAULT_SOURCE = "我／昨天／给／了／他／一／本／书／。"
 DEFAULT_TARGET = "I gave him a book yesterday."
 SWAP_PAIR = ("我", "他")                      # claim C2: 我给他 is not 他给我
+PATCH_CORRUPT = "我／昨天／给／了／她／一／本／书／。"   # 他 → 她: does `him` still come out?
 BLOCK_TOKENS = ("我", "给", "书")             # the positions the lesson's BLOCK rows stand for
 MAX_SOURCE_CHARS = 400
 MAX_TARGET_CHARS = 800
@@ -183,21 +185,6 @@ def claim_view(claim_id: str) -> str | None:
     return special.get(claim_id, views.get(claim_id[:1]))
 
 
-def _record_dict(record: Any) -> dict:
-    """A claim record (dataclass, mapping or object) as {id, title, measured, passed}."""
-    if isinstance(record, dict):
-        get = record.get
-    else:
-        def get(name, default=None):
-            return getattr(record, name, default)
-    claim_id = str(get("id", "?"))
-    measured = get("measured", "")
-    return {"id": claim_id, "title": str(get("title", "")),
-            "measured": measured if isinstance(measured, (int, float, str, bool)) or measured is None
-            else str(measured),
-            "passed": bool(get("passed", False)), "view": claim_view(claim_id)}
-
-
 # ---- the API -----------------------------------------------------------------------------------
 class LabAPI:
     """Every endpoint as a method; `handle(method, path, body)` routes a request to it."""
@@ -234,6 +221,7 @@ class LabAPI:
         "/api/sentence": ("POST", "sentence"),
         "/api/masks": ("GET", "masks"),
         "/api/verify": ("GET", "verify"),
+        "/api/patch": ("POST", "patch"),
         "/api/info": ("GET", "info"),
     }
 
@@ -315,51 +303,52 @@ class LabAPI:
     # -- GET /api/masks
     def masks(self) -> dict:
         """The lesson's two-sentence batch and every mask it needs (True = may attend / counts)."""
-        src_vocab, tgt_vocab = examples.SOURCE_VOCAB, examples.TARGET_VOCAB
-        pad = src_vocab[examples.PAD]
-        src = torch.tensor([examples.ids(s, src_vocab) for s in examples.BATCH_SOURCE])           # (2, 6)
-        tgt_in = torch.tensor([examples.ids(t, tgt_vocab) for t in examples.BATCH_TARGET_INPUT])  # (2, 6)
-        labels = torch.tensor([examples.ids(t, tgt_vocab) for t in examples.BATCH_LABELS])       # (2, 6)
-        src_pad, tgt_pad = src == pad, tgt_in == tgt_vocab[examples.PAD]                          # True = PAD
-        n_src, n_tgt = src.size(1), tgt_in.size(1)
-        causal = causal_mask(n_tgt)                                                               # (6, 6)
-        encoder_self = padding_mask(src_pad)[:, 0].expand(-1, n_src, -1)                          # (2, q, k)
-        decoder_self = combine(causal, padding_mask(tgt_pad)[:, 0])                               # (2, q, k)
-        cross = padding_mask(src_pad)[:, 0].expand(-1, n_tgt, -1)                                 # (2, tgt, src)
-        counts = loss_mask(labels, tgt_vocab[examples.PAD])                                       # (2, 6)
-        return {
-            "samples": ["A", "B"],
-            "source": [list(s) for s in examples.BATCH_SOURCE],
-            "target_input": [list(t) for t in examples.BATCH_TARGET_INPUT],
-            "labels": [list(t) for t in examples.BATCH_LABELS],
-            "source_padding": src_pad.tolist(),
-            "target_padding": tgt_pad.tolist(),
-            "causal": causal.tolist(),
-            "encoder_self": encoder_self.tolist(),
-            "decoder_self": decoder_self.tolist(),
-            "cross": cross.tolist(),
-            "loss_mask": counts.tolist(),
-            "loss_terms": counts.sum(dim=1).tolist(),
-        }
+        return lesson_batch().to_json()
 
     # -- GET /api/verify
     def verify(self) -> dict:
         """The claims table (computed once per server, then served from memory)."""
         with self._load_lock:
             if self._verify_cache is None:
-                run_all = self._run_claims
-                if run_all is None:
-                    from ..lesson.claims import run_all
-                records = [_record_dict(r) for r in run_all()]
-                self._verify_cache = {"claims": records, "passed": sum(r["passed"] for r in records),
-                                      "total": len(records)}
+                from ..lesson import claims
+                table = claims.as_json((self._run_claims or claims.run_all)())
+                for row in table["claims"]:
+                    row["view"] = claim_view(row["id"])
+                self._verify_cache = table
             return copy.deepcopy(self._verify_cache)
+
+    # -- POST /api/patch
+    def patch(self, body: Any) -> dict:
+        """Activation patching at the `gave` row: each cross-attention head and encoder position, clean → corrupted."""
+        from ..translation import patching
+        body = _check_keys(body, {"clean": False, "corrupt": False, "target": False, "predict": False,
+                                  "positions": False})
+        corrupt = body.get("corrupt", [PATCH_CORRUPT])
+        if isinstance(corrupt, str):
+            corrupt = [corrupt]
+        if not isinstance(corrupt, list) or not all(isinstance(c, str) for c in corrupt):
+            raise ApiError(400, "corrupt must be a sentence or a list of sentences", "corrupt")
+        positions = body.get("positions", True)
+        if not isinstance(positions, bool):
+            raise ApiError(400, "positions must be true or false", "positions")
+        lab = self.lab_model
+        try:
+            with self.lock, torch.inference_mode():
+                result = patching.lesson_patching(lab.model, lab.source, lab.target, body.get("clean", DEFAULT_SOURCE),
+                                                  corrupt, body.get("target", DEFAULT_TARGET),
+                                                  body.get("predict", patching.DEFAULT_PREDICT), positions=positions)
+        except UsageError as error:
+            message = str(error)
+            field = message.split(":", 1)[0].split("[", 1)[0] if ":" in message else None
+            raise ApiError(400, message, field if field in {"clean", "corrupt", "target", "predict", "positions"}
+                           else None) from None
+        return {"model": self.describe(lab), **finite_json(result)}
 
     # -- GET /api/info
     def info(self) -> dict:
         """What the Sentence view runs: trained or untrained, from where, with which sizes."""
         return {"glassformer": __version__, "model": self.describe(self.lab_model),
-                "default_source": DEFAULT_SOURCE, "default_target": DEFAULT_TARGET,
+                "default_source": DEFAULT_SOURCE, "default_target": DEFAULT_TARGET, "patch_corrupt": PATCH_CORRUPT,
                 "swap": list(SWAP_PAIR)}
 
     @staticmethod
@@ -416,23 +405,13 @@ def _run_sentence(model: Transformer, lab: LabModel, source_ids: list[int], targ
     tgt_in = torch.tensor([[BOS, *target_ids]])                                 # (1, tgt)
     with model.probes(*ATTENTION_PROBES) as trace:
         logits = model(src, tgt_in)                                             # (1, tgt, vocab)
-    probs = torch.softmax(logits[0].double(), dim=-1)                           # (tgt, vocab)
     # what each row should predict: the next target token, EOS after the last one, unless a greedy run
     # stopped at the length limit: then the last row's next token is simply the model's choice
-    labels = [*target_ids, EOS if finished else int(probs[-1].argmax())]
-    rows = []
-    for i, label in enumerate(labels):
-        p = probs[i]
-        top = torch.topk(p, min(top_k, p.numel()))
-        rows.append({
-            "input": lab.piece(int(tgt_in[0, i])),
-            "next": lab.piece(label),
-            "next_id": label,
-            "next_prob": float(f"{float(p[label]):.6g}"),
-            "next_rank": int((p > p[label]).sum()) + 1,
-            "top": [{"token": lab.piece(int(t)), "id": int(t), "prob": float(f"{float(v):.6g}")}
-                    for v, t in zip(top.values, top.indices, strict=True)],
-        })
+    walk = next_token_walk(logits[0], tgt_in[0].tolist(), EOS, finished=finished, top=top_k)
+    rows = [{"input": lab.piece(r.input_id), "next": lab.piece(r.next_id), "next_id": r.next_id,
+             "next_prob": float(f"{r.p_next:.6g}"), "next_rank": r.rank,
+             "top": [{"token": lab.piece(t), "id": t, "prob": float(f"{p:.6g}")} for t, p in r.top]}
+            for r in walk]
     return {
         "target": [lab.piece(int(t)) for t in tgt_in[0]],
         "target_ids": tgt_in[0].tolist(),

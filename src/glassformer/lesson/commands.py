@@ -12,10 +12,10 @@ import torch
 
 from ..errors import UsageError
 from ..inference.threads import lesson_threads
-from ..model.masks import causal_mask, combine, loss_mask, padding_mask
 from . import claims
 from . import examples as ex
 from .spec import SpecError, run_spec
+from .views import lesson_batch
 
 # ---- trace -------------------------------------------------------------------------------------
 
@@ -70,24 +70,8 @@ def nine_unit_tables(seed: int = NINE_UNITS_SEED) -> list[np.ndarray]:
     return [t[0].numpy() for _, t in rec.items()]
 
 
-def batch_masks() -> dict[str, np.ndarray]:
-    """The two-sentence batch's masks, built by the model's mask functions (True = may attend / counts)."""
-    src = np.array([ex.ids(s, ex.SOURCE_VOCAB) for s in ex.BATCH_SOURCE])
-    tgt = np.array([ex.ids(s, ex.TARGET_VOCAB) for s in ex.BATCH_TARGET_INPUT])
-    labels = torch.tensor([ex.ids(s, ex.TARGET_VOCAB) for s in ex.BATCH_LABELS])
-    src_pad, tgt_pad = torch.from_numpy(src == 0), torch.from_numpy(tgt == 0)
-    tri = causal_mask(tgt.shape[1])
-    return {"source_padding": src_pad.numpy(),                                  # (batch, src) True = PAD
-            "source_visible": padding_mask(src_pad)[:, 0, 0].numpy(),           # (batch, src) True = valid key
-            "causal": tri.numpy(),                                              # (tgt, tgt)
-            "target_padding": tgt_pad.numpy(),
-            "combined": combine(tri, padding_mask(tgt_pad))[:, 0].numpy(),      # (batch, tgt, tgt)
-            "loss_mask": loss_mask(labels).numpy()}                             # (batch, tgt)
-
-
 def lesson_results() -> dict:
     """Every worked example of the lesson, computed by the model code, as plain JSON."""
-    masks = batch_masks()
     return {
         "exercise": {"q": [list(r) for r in ex.EXERCISE_Q], "k": [list(r) for r in ex.EXERCISE_K],
                      "v": [list(r) for r in ex.EXERCISE_V],
@@ -96,11 +80,7 @@ def lesson_results() -> dict:
         "block": run_spec(ex.block_spec()),
         "nine_units": {"units": list(ex.NINE_UNITS), "model": f"tiny encoder, seed {NINE_UNITS_SEED}, untrained",
                        "layer": 0, "weights": [t.tolist() for t in nine_unit_tables()]},
-        "batch": {"source": [list(s) for s in ex.BATCH_SOURCE],
-                  "target_input": [list(s) for s in ex.BATCH_TARGET_INPUT],
-                  "labels": [list(s) for s in ex.BATCH_LABELS],
-                  **{k: v.tolist() for k, v in masks.items()},
-                  "loss_terms": [int(n) for n in masks["loss_mask"].sum(axis=1)]},
+        "batch": lesson_batch().to_json(),                  # the same view as the lab's Masks
     }
 
 
@@ -179,12 +159,12 @@ def lesson_text(results: dict) -> str:
     out.append("\n".join(f"{name}: source {' '.join(m['source'][i])} | target input "
                          f"{' '.join(m['target_input'][i])} | labels {' '.join(m['labels'][i])}"
                          for i, name in enumerate("AB")))
-    out.append(table("source keys visible (encoder and cross-attention)", m["source_visible"], ["A", "B"],
-                     [str(j) for j in range(len(m["source"][0]))]))
+    out.append(table("source keys visible (encoder and cross-attention)", [r[0] for r in m["encoder_self"]],
+                     ["A", "B"], [str(j) for j in range(len(m["source"][0]))]))
     tgt_cols = [str(j) for j in range(len(m["causal"]))]
     out.append(table("causal 6×6 (query rows, key columns)", m["causal"], tgt_cols, tgt_cols))
     for i, name in enumerate("AB"):
-        out.append(table(f"causal AND key padding, sample {name}", m["combined"][i], m["target_input"][i],
+        out.append(table(f"causal AND key padding, sample {name}", m["decoder_self"][i], m["target_input"][i],
                          m["target_input"][i]))
     out.append(table("loss mask (labels that count)", m["loss_mask"], ["A", "B"], tgt_cols))
     out.append(f"loss terms: A {m['loss_terms'][0]}, B {m['loss_terms'][1]}")
@@ -219,13 +199,8 @@ def verify_command(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown claim ID {unknown[0]!r} (known: {', '.join(claims.CHECKS)})")
     torch.set_num_threads(lesson_threads())
     rows = [claims.run_check(i.upper()) for i in args.ids] if args.ids else claims.run_all()
-    failed = [c.id for c in rows if not c.passed]
     if args.json:
-        print(json.dumps({"claims": [c.to_dict() for c in rows], "passed": len(rows) - len(failed),
-                          "failed": failed}, ensure_ascii=False))
+        print(json.dumps(claims.as_json(rows), ensure_ascii=False, allow_nan=False))
     else:
-        for c in rows:
-            print(f"{c.id:<3} {'PASS' if c.passed else 'FAIL'}  {c.title} | {c.measured}")
-        print(f"{len(rows)} claims: {len(rows) - len(failed)} PASS, {len(failed)} FAIL"
-              + (f" ({', '.join(failed)})" if failed else ""))
-    return 1 if failed else 0
+        print(claims.as_text(rows))
+    return 0 if all(m.passed for m in rows) else 1

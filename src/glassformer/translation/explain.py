@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 from ..errors import UsageError
-from .decode import Translator, greedy
+from ..model.readout import next_token_walk
+from .decode import Translator, greedy, output_limits
 from .tokenize import BOS, EOS
 
 FOCUS_INPUT, FOCUS_NEXT = "gave", "him"   # the lesson's row: input `gave` predicts `him`
@@ -36,31 +37,36 @@ def explain(translator: Translator, sentence: str, target: str | None = None, al
     translator.check_lengths([enc])
     device = translator.device
     src = torch.tensor([enc.ids], dtype=torch.long, device=device)          # (1, src)
+    finished = True
     if target is None:
         out = greedy(model, src)[0]
         mode = "free-running (greedy)"
+        # an output as long as its limit was cut there: its last row predicts the model's choice, not EOS
+        finished = len(out) < int(output_limits(model.source_padding(src), model.cfg.max_len)[0])
     else:
         out = tgt_tok.encode(target)
         mode = "teacher-forced"
     limit = model.cfg.max_len
-    if len(out) + 1 > limit:
-        raise UsageError(f"--target: {len(out) + 1} target positions, over the model's limit of {limit}")
-    tgt_in = torch.tensor([[BOS, *out]], dtype=torch.long, device=device)  # (1, tgt)
-    labels = [*out, EOS]
+    inputs = [BOS, *out]
+    if not finished and len(inputs) > limit:
+        inputs = inputs[:-1]          # cut at the model's own limit: the last row predicts the last token chosen
+    if len(inputs) > limit:
+        raise UsageError(f"--target: {len(inputs)} target positions, over the model's limit of {limit}")
+    tgt_in = torch.tensor([inputs], dtype=torch.long, device=device)       # (1, tgt)
     layers = range(model.cfg.decoder_layers) if all_layers else [model.cfg.decoder_layers - 1]
     model.eval()
     with model.probes(*[f"decoder.{i}.cross_attention.head.*.weights" for i in layers], "logits") as trace:
         model(src, tgt_in)
-    probs = torch.softmax(trace["logits"][0].float(), dim=-1)              # (tgt, vocab)
+    walk = next_token_walk(trace["logits"][0], tgt_in[0].tolist(), EOS, finished=finished,
+                           top=min(top, model.cfg.tgt_vocab))
     names = [tgt_tok.id_to_token(i) or "?" for i in tgt_in[0].tolist()]
     names[0] = "<s>"
     focus_piece = tgt_tok.tokens(FOCUS_NEXT)[0]                            # first sub-word of `him`
     focus_id = tgt_tok.token_to_id(focus_piece)
     rows = []
     focus = None
-    for t in range(tgt_in.size(1)):
-        p, ids = probs[t].topk(min(top, probs.size(-1)))
-        nxt = labels[t]
+    for r in walk:
+        t = r.row
         heads = []
         for layer in layers:
             for h in range(model.cfg.heads):
@@ -68,17 +74,19 @@ def explain(translator: Translator, sentence: str, target: str | None = None, al
                 j = int(w.argmax())
                 heads.append({"layer": layer, "head": h, "unit": enc.units[j], "position": j,
                               "weight": round(float(w[j]), 4)})
-        row = {"row": t, "sees": names[: t + 1],
-               "next": "</s>" if nxt == EOS else tgt_tok.id_to_token(nxt), "p_next": round(float(probs[t, nxt]), 4),
-               "top": [{"token": "</s>" if i == EOS else tgt_tok.id_to_token(i), "p": round(float(q), 4)}
-                       for q, i in zip(p.tolist(), ids.tolist(), strict=True)],
-               "cross_attention": heads}
+        rows.append({"row": t, "sees": names[: t + 1], "next": _piece(tgt_tok, r.next_id),
+                     "p_next": round(r.p_next, 4), "rank": r.rank,
+                     "top": [{"token": _piece(tgt_tok, i), "p": round(q, 4)} for i, q in r.top],
+                     "cross_attention": heads})
         if focus is None and focus_id is not None and _ends_word(names, t, FOCUS_INPUT):
-            focus = {"row": t, "input": names[t], "token": focus_piece,
-                     "p": round(float(probs[t, focus_id]), 4)}
-        rows.append(row)
+            probs = torch.softmax(trace["logits"][0, t].double(), dim=-1)  # (vocab,)
+            focus = {"row": t, "input": names[t], "token": focus_piece, "p": round(float(probs[focus_id]), 4)}
     return {"sentence": sentence, "units": enc.units, "unknown": enc.unknown, "mode": mode,
-            "translation": tgt_tok.decode(out), "inputs": names, "rows": rows, "focus": focus}
+            "translation": tgt_tok.decode(out), "finished": finished, "inputs": names, "rows": rows, "focus": focus}
+
+
+def _piece(tgt_tok, token_id: int) -> str:
+    return "</s>" if token_id == EOS else tgt_tok.id_to_token(token_id) or "?"
 
 
 def render(walk: dict[str, Any]) -> str:
@@ -86,7 +94,8 @@ def render(walk: dict[str, Any]) -> str:
     lines = [f"source units ({len(walk['units'])}): {' ／ '.join(walk['units'])}"]
     if walk["unknown"]:
         lines.append(f"unknown units (read as <unk>): {' '.join(walk['unknown'])}")
-    lines.append(f"target ({walk['mode']}): {walk['translation']}")
+    lines.append(f"target ({walk['mode']}): {walk['translation']}"
+                 + ("" if walk.get("finished", True) else "  [cut at the length limit: no EOS]"))
     lines.append(f"right-shifted inputs: {' '.join(walk['inputs'])}")
     for row in walk["rows"]:
         lines.append("")

@@ -1,11 +1,11 @@
-// glassformer lab: four views over the JSON API (or over the data embedded in an exported page).
+// glassformer lab: five views over the JSON API (or over the data embedded in an exported page).
 // No framework, no build step: state in one object, each view re-rendered from it.
 "use strict";
 (function () {
   const I18N = window.LAB_I18N;
   const EMBED = window.LAB_EMBED || null;          // set only in the exported, offline page
   const LANG_KEY = "glassformer.lab.lang";
-  const VIEWS = ["block", "sentence", "masks", "claims"];
+  const VIEWS = ["block", "sentence", "masks", "claims", "patch"];
   const TOL = 1e-12;                                // a number "changed" when |Δ| exceeds this
 
   const S = {
@@ -18,6 +18,7 @@
                 results: null, row: null, sel: { enc: [0, 0], dec: [0, 0], cross: [0, 0] }, runs: 0 },
     masks: null,
     claims: null,
+    patch: { clean: null, corrupt: null, target: null, predict: "him", result: null, runs: 0 },
   };
 
   // ---------------------------------------------------------------- language
@@ -660,12 +661,78 @@
         el("td", {}, r.view ? el("a", { href: r.view }, `→ ${t("nav." + r.view.slice(1))}`) : t("claims.none")))))));
   }
 
+  // ---------------------------------------------------------------- view 5: activation patching
+  async function loadPatch() {
+    const st = S.patch;
+    if (st.clean !== null) return;
+    if (EMBED) { renderPatch(); return; }                 // patching needs the server: one forward pass per cell
+    if (!S.info) S.info = await api("GET", "/api/info");
+    st.clean = S.info.default_source; st.corrupt = S.info.patch_corrupt; st.target = S.info.default_target;
+    await runPatch();
+  }
+
+  async function runPatch() {
+    const st = S.patch;
+    renderPatch();
+    try {
+      st.result = await api("POST", "/api/patch", { clean: st.clean, corrupt: st.corrupt, target: st.target, predict: st.predict });
+      showError(null);
+    } catch (err) { showError(err); return; }
+    renderPatch();
+    st.runs += 1;
+    document.body.dataset.patchRuns = String(st.runs);
+  }
+
+  function fractionGrid(rows, rowLabels, colLabels, probe) {
+    const cell = (c) => el("td", { class: "num", style: heat(c.fraction, 1), title: `p = ${fmt(c.p, 4)}` },
+      c.fraction === null ? "n/a" : fmt(c.fraction, 2));
+    return el("table", { class: "heat", data: { probe } },
+      el("thead", {}, el("tr", {}, el("th", {}), colLabels.map((c) => el("th", { text: c })))),
+      el("tbody", {}, rows.map((row, i) => el("tr", {}, el("th", { text: rowLabels[i] }), row.map(cell)))));
+  }
+
+  function renderPatch() {
+    const root = document.getElementById("view-patch");
+    const st = S.patch;
+    root.replaceChildren();
+    root.append(el("h2", {}, t("patch.heading")), el("p", { class: "intro" }, t("patch.intro")));
+    if (EMBED) { root.append(el("p", { class: "note" }, t("patch.offline"))); return; }
+    if (st.clean === null) { root.append(el("p", { class: "note" }, t("loading"))); return; }
+    const input = (id, key, size) => {
+      const node = el("input", { type: "text", id, value: st[key], size });
+      node.addEventListener("change", () => { st[key] = node.value; });
+      return node;
+    };
+    const fields = [["patch-clean", "clean", "30"], ["patch-corrupt", "corrupt", "30"], ["patch-target", "target", "30"],
+      ["patch-predict", "predict", "8"]].map(([id, key, size]) => [key, input(id, key, size)]);
+    root.append(el("div", { class: "controls" },
+      fields.map(([key, node]) => el("label", { class: "group" }, el("span", { class: "label" }, t("patch." + key)), node)),
+      el("button", { type: "button", id: "patch-run", onclick: () => { fields.forEach(([key, node]) => { st[key] = node.value; }); runPatch(); } },
+        t("patch.run"))));
+    const r = st.result;
+    if (!r) { root.append(el("p", { class: "note" }, t("loading"))); return; }
+    const run = r.runs[0];
+    root.append(el("p", { class: "badge " + (r.model.trained ? "trained" : "untrained") }, el("strong", {},
+      `${t("sentence.model")}: ${r.model.trained ? t("trained") : t("untrained")}`), " — ", r.model.label[S.lang]));
+    root.append(el("p", { id: "patch-quantity" }, t("patch.quantity", { w: r.predict, i: r.row, seen: r.row_sees.join(" ") })));
+    root.append(el("p", { id: "patch-probs" }, t("patch.probs", { c: fmt(run.p_clean, 4), x: fmt(run.p_corrupt, 4),
+      all: run.all_heads.fraction === null ? "n/a" : fmt(run.all_heads.fraction, 2) })));
+    root.append(el("div", { class: "panel" }, el("h3", {}, t("patch.heads")), el("p", { class: "note" }, t("patch.heads.note")),
+      fractionGrid(run.heads, run.heads.map((_, i) => `L${i}`), run.heads[0].map((_, h) => `h${h}`), "patch.heads")));
+    if (run.positions) {
+      const labels = run.position_layers.map((n) => (n === "encoder.embedding" ? "emb" : "L" + n.split(".")[1]));
+      root.append(el("div", { class: "panel" }, el("h3", {}, t("patch.positions")), el("p", { class: "note" }, t("patch.positions.note")),
+        fractionGrid(run.positions, labels, run.units, "patch.positions")));
+    }
+  }
+
   // ---------------------------------------------------------------- routing
   function renderAll() {
     if (S.block.base) renderBlock();
     if (S.sentence.results) renderSentence();
     if (S.masks) renderMasks();
     if (S.claims) renderClaims();
+    if (S.patch.clean !== null || EMBED) renderPatch();
     document.getElementById("lang").textContent = t("lang.switch");
   }
 
@@ -678,6 +745,7 @@
       if (S.view === "block") { if (!S.block.base) renderBlock(); await loadBlock(); }
       else if (S.view === "sentence") { if (!S.sentence.results) renderSentence(); await loadSentence(); }
       else if (S.view === "masks") { if (!S.masks) renderMasks(); await loadMasks(); }
+      else if (S.view === "patch") { if (!S.patch.result) renderPatch(); await loadPatch(); }
       else await loadClaims();
     } catch (err) { showError(err); }
   }

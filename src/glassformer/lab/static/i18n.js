@@ -139,7 +139,22 @@ window.LAB_I18N = {
     "claims.pass": "通过",
     "claims.fail": "未通过",
     "claims.summary": "{p} / {n} 条通过",
-    "claims.none": "没有对应视图"
+    "claims.none": "没有对应视图",
+    "nav.patch": "⑤ 激活修补",
+    "patch.heading": "激活修补：him 怎么知道原文是“他”？",
+    "patch.intro": "先跑干净句子，再跑改坏的句子（他→她），目标输入相同。然后每次只把干净运行里的一个激活写回改坏的运行，看 gave 这一行预测 him 的概率恢复了多少：恢复比例 = (p修补 − p改坏) / (p干净 − p改坏)。1 表示这一个激活就带着全部差别，0 表示一点也没有。",
+    "patch.offline": "激活修补需要本地服务器（每个格子一次前向计算），离线页面里没有。请运行 glassformer lab。",
+    "patch.clean": "干净句子",
+    "patch.corrupt": "改坏的句子",
+    "patch.target": "目标",
+    "patch.predict": "预测的词",
+    "patch.run": "修补",
+    "patch.quantity": "度量：第 {i} 行（能看到 {seen}）给 {w} 的概率",
+    "patch.probs": "p 干净 = {c}，p 改坏 = {x}；把所有交叉注意力头都修补回去：恢复 {all}",
+    "patch.heads": "交叉注意力头（行：decoder 层，列：头）",
+    "patch.heads.note": "把一个头在所有目标行上的输出换成干净运行的输出。",
+    "patch.positions": "encoder 位置（行：该层之后的残差流，列：源语言单位）",
+    "patch.positions.note": "只把一个源语言位置在这一层的向量换成干净运行的。emb 是嵌入（加上位置向量之后）。"
   },
   "en": {
     "title": "glassformer lab: follow one token through the Transformer",
@@ -279,6 +294,21 @@ window.LAB_I18N = {
     "claims.pass": "passed",
     "claims.fail": "failed",
     "claims.summary": "{p} / {n} passed",
-    "claims.none": "no view"
+    "claims.none": "no view",
+    "nav.patch": "⑤ Patching",
+    "patch.heading": "Activation patching: how does `him` know the source said 他?",
+    "patch.intro": "Run the clean sentence, then the corrupted one (他 → 她) with the same target input. Then write ONE activation from the clean run into the corrupted run and read how much of p(him) at the gave row comes back: restored fraction = (p_patched − p_corrupt) / (p_clean − p_corrupt). 1: that activation alone carries the difference; 0: none of it.",
+    "patch.offline": "Patching needs the local server (one forward pass per cell); the offline page has none. Run glassformer lab.",
+    "patch.clean": "clean sentence",
+    "patch.corrupt": "corrupted sentence",
+    "patch.target": "target",
+    "patch.predict": "predicted word",
+    "patch.run": "Patch",
+    "patch.quantity": "quantity: p({w}) at row {i} (sees {seen})",
+    "patch.probs": "p clean = {c}, p corrupted = {x}; every cross-attention head patched: restores {all}",
+    "patch.heads": "cross-attention heads (rows: decoder layer, columns: head)",
+    "patch.heads.note": "One head's output, at every target row, replaced by the clean run's.",
+    "patch.positions": "encoder positions (rows: the residual stream after that layer, columns: source units)",
+    "patch.positions.note": "One source position's vector at that layer replaced by the clean run's. emb is the embedding (position vector added)."
   }
 };

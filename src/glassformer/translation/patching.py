@@ -1,0 +1,290 @@
+"""Activation patching for the lesson's question: how does `him` know about 他?
+
+Run the clean sentence (我昨天给了他一本书。) and a corrupted one (我昨天给了她一本书。, or
+他昨天给了我一本书。) with the same target input (BOS I gave him …). At the `gave` row the
+clean run gives p(him) = p_clean, the corrupted run p_corrupt. Now rerun the corrupted sentence
+with ONE activation written back from the clean run, through the model's hooks
+(`model.intervene`), and read p(him) again:
+
+    restored fraction = (p_patched − p_corrupt) / (p_clean − p_corrupt)
+
+1 means that activation alone carries the difference; 0 that it carries none of it. Two scans:
+
+- every cross-attention head of every decoder layer (`decoder.{i}.cross_attention.head.{h}.output`,
+  the head's output at every target row): which heads read 他 into the target rows;
+- every encoder position, layer by layer (`encoder.embedding`, then `encoder.{i}.output`): where in
+  the source, and how deep, the information sits. Positions must align, so both sentences need the
+  same number of units.
+
+Every run of a scan uses the same hook points and so the same attention backend; patching every
+head (or every position of one encoder layer) gives the clean run back, fraction 1.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..errors import UsageError
+from .tokenize import BOS
+
+DEFAULT_CLEAN = "我昨天给了他一本书。"
+DEFAULT_CORRUPT = ("我昨天给了她一本书。", "他昨天给了我一本书。")
+DEFAULT_TARGET = "I gave him a book yesterday."
+DEFAULT_PREDICT = "him"
+MAX_CORRUPT = 4                 # corrupted sentences per request: each costs (heads + positions) forward passes
+MAX_SENTENCE_CHARS = 400        # characters of one sentence (as the lab's Sentence view)
+FLAT = 1e-9                     # |p_clean − p_corrupt| below this: the corruption changed nothing to restore
+
+HookFn = Callable[[Tensor, str], Tensor]
+
+
+def head_sites(model) -> list[list[str]]:
+    """[layer][head] -> the probe name of that cross-attention head's output."""
+    cfg = model.cfg
+    return [[f"decoder.{i}.cross_attention.head.{h}.output" for h in range(cfg.heads)]
+            for i in range(cfg.decoder_layers)]
+
+
+def position_layers(model) -> list[str]:
+    """The encoder's residual stream, layer by layer: the embedding, then each layer's output."""
+    return ["encoder.embedding", *(f"encoder.{i}.output" for i in range(model.cfg.encoder_layers))]
+
+
+def _copy(clean: dict[str, Tensor]) -> HookFn:
+    """Replace a value by the clean run's value of the same probe."""
+    return lambda value, name: clean[name]
+
+
+def _copy_position(clean: dict[str, Tensor], position: int) -> HookFn:
+    """Replace one source position of a (batch, src, d) value by the clean run's."""
+    def put(value: Tensor, name: str) -> Tensor:
+        out = value.clone()
+        out[:, position] = clean[name][:, position]
+        return out
+    return put
+
+
+@dataclass
+class Patched:
+    """One patch: the probability it gives and the fraction of the clean–corrupt gap it restores."""
+
+    p: float
+    fraction: float | None          # None when the corruption moved p by less than FLAT
+
+    def to_json(self) -> dict:
+        return {"p": self.p, "fraction": self.fraction}
+
+
+@torch.no_grad()
+def patch_scan(model, clean_src: Tensor, corrupt_src: Tensor, tgt_in: Tensor, row: int, token: int, *,
+               positions: bool = True) -> dict[str, Any]:
+    """Patch each cross-attention head and (when `positions`) each encoder position from clean into corrupt.
+
+    clean_src, corrupt_src: (1, src) ids; tgt_in: (1, tgt) right-shifted target input; the quantity is
+    p(token) at target row `row`. Returns p_clean, p_corrupt, heads[layer][head], positions[layer][pos]
+    (layer 0 of positions is the embedding), and the two checks everything / nothing.
+    """
+    if positions and clean_src.shape != corrupt_src.shape:
+        raise UsageError(f"positions: the clean sentence has {clean_src.size(1)} units and the corrupted one "
+                         f"{corrupt_src.size(1)}; patching positions needs the same count")
+    if not 0 <= row < tgt_in.size(1):
+        raise UsageError(f"row {row} is outside the target input of {tgt_in.size(1)} positions")
+    model.eval()
+    heads = head_sites(model)
+    every_head = [name for layer in heads for name in layer]
+    layers = position_layers(model) if positions else []
+    # every run records the head outputs, so every run takes the same (math) attention path in the decoder
+    watch = every_head
+
+    def p_of(src: Tensor, fns: dict[str, HookFn]) -> float:
+        with model.probes(*watch), model.intervene(fns):
+            logits = model(src, tgt_in)                                     # (1, tgt, vocab)
+        return float(torch.softmax(logits[0, row].double(), dim=-1)[token])
+
+    with model.probes(*every_head, *layers) as rec:
+        logits = model(clean_src, tgt_in)
+    clean = {name: rec[name] for name in rec}
+    p_clean = float(torch.softmax(logits[0, row].double(), dim=-1)[token])
+    p_corrupt = p_of(corrupt_src, {})
+    gap = p_clean - p_corrupt
+
+    def patched(fns: dict[str, HookFn]) -> Patched:
+        p = p_of(corrupt_src, fns)
+        return Patched(p, (p - p_corrupt) / gap if abs(gap) >= FLAT else None)
+
+    result: dict[str, Any] = {
+        "p_clean": p_clean, "p_corrupt": p_corrupt,
+        "heads": [[patched({name: _copy(clean)}) for name in layer] for layer in heads],
+        "all_heads": patched({name: _copy(clean) for name in every_head}),
+        "nothing": patched({}),
+        "position_layers": layers,
+        "positions": None,
+    }
+    if positions:
+        n = clean_src.size(1)
+        result["positions"] = [[patched({name: _copy_position(clean, j)}) for j in range(n)] for name in layers]
+        result["all_positions"] = [patched({name: _copy(clean)}) for name in layers]
+    return result
+
+
+# ---- sentences in, a scan out ------------------------------------------------------------------
+
+def _source(source, text: Any, field: str) -> tuple[list[str], list[int]]:
+    """Units and ids of one sentence; an empty, over-long or unknown-unit sentence is a UsageError naming `field`."""
+    if not isinstance(text, str) or not text.strip():
+        raise UsageError(f"{field}: expected a non-empty Chinese sentence")
+    if len(text) > MAX_SENTENCE_CHARS:
+        raise UsageError(f"{field}: {len(text)} characters; the limit is {MAX_SENTENCE_CHARS}")
+    enc = source.analyse(text)
+    if enc.unknown:
+        raise UsageError(f"{field}: unknown unit {enc.unknown[0]!r} (not in the model's source vocabulary)")
+    if not enc.ids:
+        raise UsageError(f"{field}: no units after splitting")
+    return enc.units, enc.ids
+
+
+def focus_row(target, text: str, word: str) -> tuple[int, int, list[int]]:
+    """(row, token id, target ids): the row whose next token is the first piece of `word` in `text`.
+
+    The row is the one whose newest input is the token just before `word` (BOS I gave → row 2 predicts him).
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise UsageError("target: expected a non-empty English sentence")
+    if len(text) > MAX_SENTENCE_CHARS:
+        raise UsageError(f"target: {len(text)} characters; the limit is {MAX_SENTENCE_CHARS}")
+    if not isinstance(word, str) or not word.strip() or " " in word.strip():
+        raise UsageError("predict: expected one English word")
+    word = word.strip()
+    words = text.split()
+    at = next((k for k, w in enumerate(words) if w.strip(".,!?;:\"'").lower() == word.lower()), None)
+    if at is None:
+        raise UsageError(f"predict: {word!r} is not a word of the target {text!r}")
+    ids = target.encode(text)
+    before = target.encode(" ".join(words[:at])) if at else []
+    if ids[: len(before)] != before or len(before) >= len(ids):
+        raise UsageError(f"predict: the target's tokens do not split before {word!r}")
+    return len(before), ids[len(before)], ids
+
+
+def lesson_patching(model, source, target, clean: str = DEFAULT_CLEAN, corrupt=DEFAULT_CORRUPT,
+                    text: str = DEFAULT_TARGET, predict: str = DEFAULT_PREDICT, *,
+                    positions: bool = True) -> dict[str, Any]:
+    """The scans for one clean sentence against each corrupted one, as JSON-able values."""
+    corrupt = [corrupt] if isinstance(corrupt, str) else list(corrupt)
+    if not corrupt:
+        raise UsageError("corrupt: give at least one corrupted sentence")
+    if len(corrupt) > MAX_CORRUPT:
+        raise UsageError(f"corrupt: {len(corrupt)} sentences; the limit is {MAX_CORRUPT}")
+    limit = model.cfg.max_len
+    clean_units, clean_ids = _source(source, clean, "clean")
+    row, token, ids = focus_row(target, text, predict)
+    if len(ids) + 1 > limit or len(clean_ids) > limit:
+        raise UsageError(f"target/clean: over the model's limit of {limit} positions")
+    runs = []
+    for k, sentence in enumerate(corrupt):
+        units, src_ids = _source(source, sentence, f"corrupt[{k}]")
+        if len(src_ids) > limit:
+            raise UsageError(f"corrupt[{k}]: {len(src_ids)} units; the model takes at most {limit}")
+        if positions and len(src_ids) != len(clean_ids):
+            raise UsageError(f"corrupt[{k}]: {len(src_ids)} units ({' '.join(units)}) but the clean sentence has "
+                             f"{len(clean_ids)}; patching positions needs the same count (or heads only)")
+        scan = patch_scan(model, torch.tensor([clean_ids]), torch.tensor([src_ids]), torch.tensor([[BOS, *ids]]),
+                          row, token, positions=positions)
+        runs.append({"corrupt": sentence, "units": units, **_plain(scan)})
+    names = ["<s>", *(_readable(target.id_to_token(i)) for i in ids)]
+    return {"clean": clean, "clean_units": clean_units, "target": text, "inputs": names, "row": row,
+            "row_sees": names[: row + 1], "predict": _readable(target.id_to_token(token)), "token_id": token,
+            "layers": {"encoder": model.cfg.encoder_layers, "decoder": model.cfg.decoder_layers},
+            "heads": model.cfg.heads, "runs": runs}
+
+
+def _readable(piece: str | None) -> str:
+    """A target sub-word without its word-start mark ('▁gave' → 'gave')."""
+    return (piece or "?").replace("▁", "") or piece or "?"
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Patched):
+        return value.to_json()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _cell(patch: dict) -> str:
+    if patch["fraction"] is None:
+        return "   n/a"
+    value = round(patch["fraction"], 2)
+    return f"{value if value != 0 else 0.0:+6.2f}"                          # no "-0.00"
+
+
+def _right(text: str, width: int) -> str:
+    """Right-aligned in `width` terminal columns (a CJK character takes two)."""
+    used = sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+    return " " * max(0, width - used) + text
+
+
+def render(result: dict[str, Any]) -> str:
+    """The scans as text: a heads × layers table and a layers × positions table per corrupted sentence."""
+    lines = [f"clean: {result['clean']} ({' '.join(result['clean_units'])})",
+             f"target input: {' '.join(result['inputs'])}",
+             f"quantity: p({result['predict']}) at row {result['row']} (sees {' '.join(result['row_sees'])})"]
+    for run in result["runs"]:
+        lines += ["", f"corrupted: {run['corrupt']} ({' '.join(run['units'])})",
+                  f"  p clean {run['p_clean']:.4f}   p corrupted {run['p_corrupt']:.4f}   "
+                  f"all heads patched → {_cell(run['all_heads']).strip()}   nothing patched → "
+                  f"{_cell(run['nothing']).strip()}",
+                  "  restored fraction, cross-attention head output (rows: decoder layer, columns: head):",
+                  "       " + "".join(_right(f"h{h}", 7) for h in range(result["heads"]))]
+        for i, layer in enumerate(run["heads"]):
+            lines.append(f"  L{i:<4} " + " ".join(_cell(p) for p in layer))
+        if run["positions"] is not None:
+            lines.append("  restored fraction, one encoder position (rows: residual stream after that layer):")
+            lines.append("       " + "".join(_right(u, 7) for u in run["units"]))
+            for name, layer in zip(run["position_layers"], run["positions"], strict=True):
+                label = "emb" if name == "encoder.embedding" else "L" + name.split(".")[1]
+                lines.append(f"  {label:<5} " + " ".join(_cell(p) for p in layer))
+    return "\n".join(lines)
+
+
+# ---- glassformer patch -------------------------------------------------------------------------
+
+def add_patch_arguments(parser) -> None:
+    from .commands import _add_model
+
+    parser.add_argument("clean", nargs="?", default=DEFAULT_CLEAN, help=f"the clean sentence (default {DEFAULT_CLEAN})")
+    parser.add_argument("--corrupt", action="append", metavar="SENTENCE",
+                        help=f"a corrupted sentence; repeat for several, at most {MAX_CORRUPT} "
+                             f"(default: {' and '.join(DEFAULT_CORRUPT)})")
+    parser.add_argument("--target", default=DEFAULT_TARGET, help=f"the English target (default {DEFAULT_TARGET!r})")
+    parser.add_argument("--predict", default=DEFAULT_PREDICT,
+                        help=f"the target word whose probability is measured, at the row before it (default "
+                             f"{DEFAULT_PREDICT})")
+    parser.add_argument("--heads-only", action="store_true",
+                        help="patch cross-attention heads only (sentences of different unit counts)")
+    _add_model(parser)
+    parser.add_argument("--json", action="store_true", help="print the scans as JSON")
+
+
+def patch_command(args) -> int:
+    import json
+
+    from ..inference.threads import decoding_threads
+    from .commands import _device, _model_dir
+    from .decode import Translator
+
+    torch.set_num_threads(decoding_threads(1))              # one sentence at a time: batch-1 forward passes
+    translator = Translator.load(_model_dir(args), _device(args.device))
+    result = lesson_patching(translator.model, translator.source, translator.target, args.clean,
+                             args.corrupt or DEFAULT_CORRUPT, args.target, args.predict,
+                             positions=not args.heads_only)
+    print(json.dumps(result, ensure_ascii=False) if args.json else render(result))
+    return 0

@@ -1,0 +1,45 @@
+"""POST /api/patch: the lab's activation-patching view over the seeded untrained model."""
+
+from __future__ import annotations
+
+import pytest
+
+from glassformer.lab.api import ApiError, LabAPI, untrained_model
+
+
+@pytest.fixture(scope="module")
+def api() -> LabAPI:
+    return LabAPI(untrained_model())
+
+
+def test_default_patch_is_the_lesson_sentence(api):
+    out = api.handle("POST", "/api/patch", {})
+    cfg = out["model"]["config"]
+    assert out["clean_units"] == ["我", "昨天", "给", "了", "他", "一", "本", "书", "。"]
+    assert out["row_sees"] == ["<s>", "I", "gave"] and out["predict"] == "him"
+    run = out["runs"][0]
+    assert run["units"][4] == "她"
+    assert len(run["heads"]) == cfg["decoder_layers"] and all(len(r) == cfg["heads"] for r in run["heads"])
+    assert abs(run["all_heads"]["fraction"] - 1.0) < 1e-4 and run["nothing"]["fraction"] == 0.0
+    embedding = [c["fraction"] for c in run["positions"][0]]
+    assert abs(embedding[4] - 1.0) < 1e-4 and max(abs(f) for j, f in enumerate(embedding) if j != 4) < 1e-4
+
+
+def test_heads_only_takes_sentences_of_other_lengths(api):
+    out = api.handle("POST", "/api/patch", {"corrupt": ["我／给／了／她／一／本／书／。"], "positions": False})
+    assert out["runs"][0]["positions"] is None and len(out["runs"][0]["heads"]) > 0
+
+
+@pytest.mark.parametrize("body, field, words", [
+    ({"corrupt": "我／昨天／给／了／龘／一／本／书／。"}, "corrupt", "unknown unit"),
+    ({"corrupt": ["我／给／了／她／一／本／书／。"]}, "corrupt", "same count"),
+    ({"predict": "zebra"}, "predict", "not a word"),
+    ({"positions": "yes"}, "positions", "true or false"),
+    ({"corrupt": 3}, "corrupt", "sentence or a list"),
+    ({"clean": ""}, "clean", "non-empty"),
+    ({"layer": 1}, "layer", "unknown field"),
+])
+def test_bad_bodies_are_400_naming_the_field(api, body, field, words):
+    with pytest.raises(ApiError) as caught:
+        api.handle("POST", "/api/patch", body)
+    assert caught.value.status == 400 and caught.value.field == field and words in caught.value.message
