@@ -179,6 +179,8 @@ def test_the_notebooks_show_the_lessons_numbers(executed):
         assert 0 < p_clean < 1 and 0 < p_corrupt < 1 and p_clean != p_corrupt
         everything = re.search(r"(?:恢复 |patched at once: )(-?\d+\.\d+)", translator)
         assert everything and abs(float(everything[1]) - 1) < 1e-3     # cross-attention is the only way in
+        agree = re.search(r"lesson_patching.*?[:：] (\S+)", translator)
+        assert agree and float(agree[1]) < 1e-2                        # the hand-written scan = the library's
         decoding = _text(notebooks[NOTEBOOKS / lang / "05_decoding.ipynb"])
         assert decoding.count("True") >= 2 and "False" not in decoding
 

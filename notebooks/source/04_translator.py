@@ -212,8 +212,39 @@ fig.tight_layout()
 plt.show()
 
 # %% md zh
-# **试一试**：把“她”换成交换“我”和“他”（“他／昨天／给／了／我／…”）；或者把 `pattern` 换成
-# `encoder.*.output`，看 encoder 哪一层已经把“他”写进了源表示。
+# 同样的扫描在 glassformer 里是一个函数：`glassformer.translation.patching.lesson_patching`（命令行是
+# `glassformer patch`，实验室里也有这张表）。它一次做两种破坏——“他”换成“她”，以及交换“我”与“他”——
+# 返回每一层、每一个 head 恢复的比例。上面手写的循环与它对照。
 # %% md en
-# **Try it**: instead of 她, swap 我 and 他 (“他／昨天／给／了／我／…”); or patch whole layers' outputs
-# (`encoder.{i}.output`) to see in which encoder layer 他 is already written into the source rows.
+# The same scan is one function in glassformer: `glassformer.translation.patching.lesson_patching` (on the
+# command line `glassformer patch`; the lab shows the same table). It runs both corruptions — 他 replaced by
+# 她, and 我 swapped with 他 — and returns the restored share for every layer and head. The hand-written loop
+# above is compared with it.
+
+# %%
+from glassformer.translation.patching import lesson_patching
+
+nine = "／".join(units)
+corruptions = ("／".join(corrupt_units), "／".join(units[4:5] + units[1:4] + units[0:1] + units[5:]))
+scan = lesson_patching(model, lab.source, lab.target, clean=nine, corrupt=corruptions, positions=False)
+fig, axes = plt.subplots(1, len(scan["runs"]), figsize=(5.5 * len(scan["runs"]), 0.6 * cfg.decoder_layers + 1.8),
+                         squeeze=False)
+for ax, run in zip(axes[0], scan["runs"], strict=True):
+    shares = [[np.nan if cell["fraction"] is None else cell["fraction"] for cell in layer] for layer in run["heads"]]
+    heatmap(ax, shares, [f"decoder.{i}" for i in range(cfg.decoder_layers)], [f"head {h}" for h in range(cfg.heads)],
+            " ".join(run["units"]), cmap="coolwarm")
+    print(f"{' '.join(run['units'])}:  p(him) {run['p_clean']:.4f} → {run['p_corrupt']:.4f}")
+fig.tight_layout()
+plt.show()
+mine = np.array([[np.nan if c["fraction"] is None else c["fraction"] for c in layer] for layer in scan["runs"][0]["heads"]])
+print(T("手写循环与 lesson_patching 的最大差：", "largest gap, hand-written loop vs lesson_patching:"),
+      f"{np.nanmax(np.abs(mine - restored)):.1e}")
+
+# %% md zh
+# **试一试**：在手写循环里把“她”换成交换“我”和“他”（“他／昨天／给／了／我／…”）；或者调用
+# `lesson_patching(..., positions=True)`：它还会逐层逐个源位置地替换 encoder 的表示（`run["positions"]`），
+# 看“他”的信息写在源句的哪里、哪一层。
+# %% md en
+# **Try it**: instead of 她, swap 我 and 他 (“他／昨天／给／了／我／…”) in the hand-written loop; or call
+# `lesson_patching(..., positions=True)`: it also patches each encoder position layer by layer
+# (`run["positions"]`), showing where in the source, and how deep, 他 is written.
