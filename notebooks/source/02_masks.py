@@ -122,6 +122,35 @@ print(T("A 单独 + B 单独：", "A alone + B alone:"), f"{loss_a + loss_b:.6f}
       T("（与整个 batch 相同：padding 不会把两句话混在一起）", "(the same as the batch: padding keeps them apart)"))
 
 # %% md zh
+# ## 3. 在 attention 里看 mask 起作用
+#
+# 用 `model.probes` 录下第 0 层的 attention 权重：B 的每一行对 PAD 列的权重都是 0，decoder 的右上三角也都是 0——
+# mask 在 softmax 之前把这些分数设为 −∞。
+# %% md en
+# ## 3. The masks at work inside attention
+#
+# `model.probes` records layer 0's attention weights: every row of B puts weight 0 on the PAD columns, and the
+# decoder's upper triangle is 0 everywhere — the mask sets those scores to −∞ before the softmax.
+
+# %%
+with torch.no_grad(), model.probes("encoder.0.self_attention.head.0.*", "decoder.0.self_attention.head.0.weights",
+                                   "decoder.0.cross_attention.head.0.weights") as rec:
+    model(src, tgt_in)
+encoder_w = rec["encoder.0.self_attention.head.0.weights"]                 # (batch, query, key)
+decoder_w = rec["decoder.0.self_attention.head.0.weights"]                 # (batch, query, key)
+cross_w = rec["decoder.0.cross_attention.head.0.weights"]                  # (batch, tgt, src)
+print(T("B 在 PAD 列上的最大权重（encoder / cross）：", "B's largest weight on PAD columns (encoder / cross):"),
+      float(encoder_w[1][:, src_pad[1]].max()), float(cross_w[1][:, src_pad[1]].max()))
+print(T("decoder 右上三角的最大权重：", "largest decoder weight above the diagonal:"), float(decoder_w.triu(1).max()))
+fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+s_b, t_a = examples.BATCH_SOURCE[1], examples.BATCH_TARGET_INPUT[0]
+heatmap(axes[0], rec["encoder.0.self_attention.head.0.scaled_scores"][1], s_b, s_b, "B: encoder scaled scores")
+heatmap(axes[1], encoder_w[1], s_b, s_b, "B: encoder weights")
+heatmap(axes[2], decoder_w[0], t_a, t_a, "A: decoder masked weights")
+fig.tight_layout()
+plt.show()
+
+# %% md zh
 # **试一试**：在 `decoder_self` 里去掉 `causal`，看 B 的第 0 行能读到哪些位置；或把 `tgt_changed[1, 3:]` 改成
 # `tgt_changed[1, 1:]`，这次改到了计入 loss 的行，loss 就会变。
 # %% md en
