@@ -37,10 +37,12 @@ demo: $(STAMP)
 	$(GF) explain --model $(MODEL) "我昨天给了他一本书。" --target "I gave him a book yesterday."
 	$(GF) translate --model $(MODEL) --beam 4 "我昨天给了他一本书。" "他昨天给了我一本书。" "我喜欢喝茶。" "你明天去学校吗？"
 
-# The lesson as notebooks (notebooks/README.md): installs the `notebook` extra, opens JupyterLab there.
+# The lesson as notebooks (notebooks/README.md): installs the `notebook` extra, opens JupyterLab there;
+# e.g. `make notebook JUPYTER_ARGS="--no-browser --port 9000"`.
+JUPYTER_ARGS ?=
 notebook: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[notebook]"
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab $(JUPYTER_ARGS) notebooks/
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

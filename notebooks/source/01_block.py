@@ -151,14 +151,14 @@ for name, printed in examples.BLOCK_ROW1.items():
 # %% md zh
 # ## 4. 关掉一个 head
 #
-# trace spec 的 `disabled_heads` 把 head 的输出置零（0 起数：`[1]` 关掉课文的第二头）。
-# 第一头一点没变；concat 里第二头的两列变成 0，所以 $W^O$ 之后每个位置都少了第二头的贡献。
+# trace spec 的 `disabled_heads` 去掉一个 head 的贡献（0 起数：`[1]` 关掉课文的第二头）：它照样计算，但 concat
+# 里它的两列变成 0。第一头一点没变；$W^O$ 之后每个位置都少了第二头的贡献，后面的残差、LayerNorm、FFN 随之改变。
 # %% md en
 # ## 4. Switch a head off
 #
-# `disabled_heads` in the trace spec zeroes a head's output (0-based: `[1]` switches off the lesson's head 2).
-# Head 1 does not change at all; head 2's two columns of the concat become 0, so after $W^O$ every position
-# lacks head 2's contribution.
+# `disabled_heads` in the trace spec removes a head's contribution (0-based: `[1]` switches off the lesson's
+# head 2): it is still computed, but its two columns of the concat become 0. Head 1 does not change at all;
+# after $W^O$ every position lacks head 2's contribution, and the residual, LayerNorm and FFN after it change.
 
 # %%
 off = run_spec({**block, "disabled_heads": [1]})
