@@ -141,3 +141,12 @@ def test_the_model_package_holds_no_speed_tricks():
     import glassformer.model as package
     text = "\n".join(p.read_text() for p in pathlib.Path(package.__file__).parent.glob("*.py"))
     assert not re.search(r"mkldnn|set_num_threads", text)
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_encoder_on_prepared_weights_equals_the_model_encoder(norm):
+    m = model(norm=norm, positions="relative")
+    src = source()
+    with torch.no_grad():
+        torch.testing.assert_close(StepDecoder(m).encode(src), m.encode(src), atol=1e-5, rtol=1e-5)
+        assert m.encoder.layers[0].self_attention.in_proj.weight.requires_grad   # the model itself is untouched

@@ -14,6 +14,7 @@ not fired here: to observe or intervene, run the model itself.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -34,9 +35,33 @@ class _Layer:
         self.qkv = PreparedLinear.of(layer.self_attention.in_proj, onednn)
         self.self_out = PreparedLinear.of(layer.self_attention.out_proj, onednn)
         self.q = PreparedLinear.of(layer.cross_attention.q_proj, onednn)
+        self.kv = PreparedLinear.of(layer.cross_attention.kv_proj, onednn)
         self.cross_out = PreparedLinear.of(layer.cross_attention.out_proj, onednn)
         self.w_1 = PreparedLinear.of(layer.ffn.w_1, onednn)
         self.w_2 = PreparedLinear.of(layer.ffn.w_2, onednn)
+
+
+class _Prepared(nn.Module):
+    """Stands in for an nn.Linear of a copied stack: the same product on prepared weights, any leading dims."""
+
+    def __init__(self, linear: nn.Linear, onednn: bool) -> None:
+        super().__init__()
+        self.prepared = PreparedLinear.of(linear, onednn)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.prepared(x.reshape(-1, x.size(-1)))                       # (rows, out)
+        return out.view(*x.shape[:-1], self.out_features)                     # (..., out)
+
+
+def _prepared_copy(module: nn.Module, onednn: bool) -> nn.Module:
+    """A copy of `module` whose nn.Linear layers multiply with prepared weights (the model is untouched)."""
+    module = copy.deepcopy(module)
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, _Prepared(child, onednn))
+    return module
 
 
 def _residual(sub: ResidualNorm, x: Tensor, sublayer, *args) -> Tensor:
@@ -58,14 +83,18 @@ class StepDecoder:
         if not isinstance(model, Transformer):
             raise TypeError(f"StepDecoder needs an encoder-decoder Transformer, got {type(model).__name__}")
         self.model, self.cfg = model, model.cfg
+        self.encoder = _prepared_copy(model.encoder, onednn).eval()         # the same encoder, prepared weights
         self.layers = [_Layer(layer, onednn) for layer in model.decoder.layers]
         self.head = PreparedLinear(model.generator.weight, None, onednn)
         a = model.decoder.layers[0].self_attention
         self.heads, self.d_k, self.d_v = a.heads, a.d_k, a.d_v
         self.scale = 1.0 / math.sqrt(a.d_k) if a.scale else 1.0
 
+    @torch.no_grad()
     def encode(self, src: Tensor, src_pad: Tensor | None = None) -> Tensor:
-        return self.model.encode(src, src_pad)                               # (batch, src, d)
+        """src ids (batch, src) -> H (batch, src, d): the model's encoder, on prepared weights."""
+        src_pad = self.model.source_padding(src) if src_pad is None else src_pad
+        return self.encoder(self.model.src_embed(src), src_pad)              # (batch, src, d)
 
     def new_cache(self) -> StaticCache:
         return StaticCache(len(self.layers), self.cfg.max_len)
@@ -115,7 +144,10 @@ class StepDecoder:
                          keep: Tensor | None, cache: StaticCache) -> Tensor:
         b, h, d_k, d_v = x.size(0), self.heads, self.d_k, self.d_v
         if len(cache.cross) <= i:                                            # first step: K/V of the source
-            cache.cross.append(p.layer.cross_attention.project_kv(memory))
+            n, s = memory.size(0), memory.size(1)
+            kv = p.kv(memory.reshape(n * s, -1))                             # (batch*src, H*(d_k+d_v))
+            k, v = kv.view(n, s, -1).split((h * d_k, h * d_v), dim=-1)
+            cache.cross.append((k.view(n, s, h, d_k).transpose(1, 2), v.view(n, s, h, d_v).transpose(1, 2)))
         k, v = cache.cross[i]                                                # (batch, heads, src, d)
         q = p.q(x).view(b, h, 1, d_k)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)  # (batch, heads, 1, d_v)

@@ -15,6 +15,8 @@ A `HookPoint` is an identity module placed where the lesson names a value (`head
 Patterns are fnmatch globs where `*` spans dots. Functions attached to one hook point run in the
 order they were attached; a recorder attached before an intervention sees the value it replaces.
 With nothing attached a hook point returns its input and costs one attribute test.
+Hooks are attached to the modules themselves, not to a thread: a model shared between threads
+runs one hooked pass at a time (the lab holds a lock around each use).
 """
 
 from __future__ import annotations
@@ -63,7 +65,9 @@ def probe_name(module_path: str) -> str:
 
 
 def hook_points(module: nn.Module) -> Iterator[tuple[str, HookPoint]]:
-    """(probe name, hook point) of every hook point below `module`, in forward order."""
+    """(probe name, hook point) of every hook point below `module`, in module order: stack by stack,
+    layer by layer, each sub-module's hook points together (within a layer this is not the exact firing
+    order; a Recording lists names in the order they fired)."""
     for path, sub in module.named_modules():
         if isinstance(sub, HookPoint):
             if sub.name is not None:
