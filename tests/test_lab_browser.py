@@ -233,3 +233,21 @@ def test_exported_page_works_from_file_without_a_server(browser, lab_server, tmp
         assert p.outside == [] and p.errors == []
     finally:
         p.close()
+
+
+def test_patching_view_shows_the_heads_by_layers_table(page, lab_server):
+    page.page.goto(lab_server.url + "#patch")
+    page.wait_count("patchRuns", 1)
+    page.shot("patch")
+    info = untrained_model().model.cfg
+    heads = page.page.locator('[data-probe="patch.heads"] tbody tr')
+    assert heads.count() == info.decoder_layers
+    assert heads.first.locator("td").count() == info.heads
+    embedding = _cells(page.page, "patch.positions")[: len(examples.NINE_UNITS)]
+    assert embedding[4] == "1.00" and set(embedding[:4] + embedding[5:]) <= {"0.00", "-0.00"}   # 他 → 她 only
+    assert page.outside == [] and page.errors == []
+    page.page.fill("#patch-corrupt", "我／昨天／给／了／龘／一／本／书／。")      # a unit the model does not know
+    page.page.click("#patch-run")
+    page.page.wait_for_selector("#error:not([hidden])", timeout=20000)
+    assert "corrupt" in page.page.inner_text("#error") and "龘" in page.page.inner_text("#error")
+    assert all("400" in e for e in page.errors)                                 # the refused request, nothing else
