@@ -108,7 +108,8 @@ def _markdown(lines: list[str], path: Path, line: int) -> str:
 
 
 def setup_code(lang: str) -> str:
-    return f'LANG = "{lang}"  # "zh": 中文, "en": English\n' + (SOURCE / "common.py").read_text(encoding="utf-8").strip()
+    common = (SOURCE / "common.py").read_text(encoding="utf-8").strip()
+    return f'LANG = "{lang}"  # "zh": 中文, "en": English\n' + common
 
 
 def build(path: Path, lang: str) -> nbformat.NotebookNode:

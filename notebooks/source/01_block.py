@@ -106,7 +106,7 @@ keys6 = ["q", "k", "v", "scores", "scaled_scores", "weights", "output"]
 titles = ["Q", "K", "V", r"$QK^T$", r"$\div\sqrt{d_k}$", "softmax", T("head 输出", "head output")]
 fig, axes = plt.subplots(2, 7, figsize=(16, 4.6))
 for h, head in enumerate(heads):
-    for c, (key, title) in enumerate(zip(keys6, titles)):
+    for c, (key, title) in enumerate(zip(keys6, titles, strict=True)):
         cols = tokens if key in ("scores", "scaled_scores", "weights") else None
         heatmap(axes[h, c], head[key], tokens, cols, f"head {h + 1}: {title}")
 fig.tight_layout()
@@ -127,7 +127,7 @@ stages = [("concat", out["self_attention"]["concat"]), (r"MHA = concat$\cdot W^O
           (r"ReLU$(UW_1)$", out["ffn"]["hidden"]), ("FFN(U)", out["ffn"]["output"]),
           ("U + FFN", second["residual"]), (r"$Z = LN_2$", second["normed"])]
 fig, axes = plt.subplots(1, len(stages), figsize=(17, 2.6))
-for ax, (title, m) in zip(axes, stages):
+for ax, (title, m) in zip(axes, stages, strict=True):
     heatmap(ax, m, tokens, None, title)
 fig.tight_layout()
 plt.show()

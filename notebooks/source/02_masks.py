@@ -26,7 +26,7 @@ tgt_in = torch.tensor([examples.ids(t, tgt_vocab) for t in examples.BATCH_TARGET
 labels = torch.tensor([examples.ids(t, tgt_vocab) for t in examples.BATCH_LABELS])         # (batch, tgt)
 for name, rows in ((T("源", "source"), examples.BATCH_SOURCE), (T("目标输入", "target input"),
                    examples.BATCH_TARGET_INPUT), (T("标签", "labels"), examples.BATCH_LABELS)):
-    for sample, row in zip("AB", rows):
+    for sample, row in zip("AB", rows, strict=True):
         print(f"{name:12s} {sample}: " + " ".join(f"{u:6s}" for u in row))
 print("src ids", src.tolist())
 

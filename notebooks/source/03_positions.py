@@ -99,7 +99,8 @@ for k, (name, gap) in enumerate(gaps.items()):
     ax.bar(np.arange(len(units)) + (k - 0.5) * width, gap.numpy(), width, label=name)
 ax.set_xticks(range(len(units)), swapped)
 ax.set_ylabel(r"$\|H'_i - (PH)_i\|$")
-ax.set_title(T("交换我与他之后，每一行离“只是换了位置”有多远", "After swapping 我 and 他: how far each row is from a mere move"))
+ax.set_title(T("交换我与他之后，每一行离“只是换了位置”有多远",
+               "After swapping 我 and 他: how far each row is from a mere move"))
 ax.legend()
 fig.tight_layout()
 plt.show()

@@ -193,7 +193,8 @@ with torch.no_grad(), model.probes(pattern) as clean:
 p_clean, p_corrupt = p_him(src), p_him(src_corrupt)
 print(f"p(him | 他) = {p_clean:.4f}   p(him | 她) = {p_corrupt:.4f}")
 if abs(p_clean - p_corrupt) < 1e-6:
-    print(T("两次运行的 p(him) 几乎相同，比例没有意义。", "p(him) hardly differs between the runs: the shares mean nothing."))
+    print(T("两次运行的 p(him) 几乎相同，比例没有意义。",
+            "p(him) hardly differs between the runs: the shares mean nothing."))
 restored = np.zeros((cfg.decoder_layers, cfg.heads))
 for i in range(cfg.decoder_layers):
     for h in range(cfg.heads):
@@ -202,7 +203,8 @@ for i in range(cfg.decoder_layers):
         restored[i, h] = (patched - p_corrupt) / max(p_clean - p_corrupt, 1e-12, key=abs)
 everything = {name: (lambda value, name: clean[name]) for name in clean}   # every head of every layer at once
 share_all = (p_him(src_corrupt, everything) - p_corrupt) / max(p_clean - p_corrupt, 1e-12, key=abs)
-print(T(f"所有 head 一起换回：恢复 {share_all:.3f}（源句只经 cross-attention 进入 decoder）",
+print(T(f"所有 head 一起换回：恢复 {share_all:.3f}"
+          "（源句只经 cross-attention 进入 decoder）",
         f"all heads patched at once: {share_all:.3f} restored (the source reaches the decoder only through "
         "cross-attention)"))
 fig, ax = plt.subplots(figsize=(1.2 * cfg.heads + 2, 0.6 * cfg.decoder_layers + 1.6))
@@ -236,7 +238,8 @@ for ax, run in zip(axes[0], scan["runs"], strict=True):
     print(f"{' '.join(run['units'])}:  p(him) {run['p_clean']:.4f} → {run['p_corrupt']:.4f}")
 fig.tight_layout()
 plt.show()
-mine = np.array([[np.nan if c["fraction"] is None else c["fraction"] for c in layer] for layer in scan["runs"][0]["heads"]])
+mine = np.array([[np.nan if c["fraction"] is None else c["fraction"] for c in layer]
+                 for layer in scan["runs"][0]["heads"]])                  # the 她 run, as the loop above
 print(T("手写循环与 lesson_patching 的最大差：", "largest gap, hand-written loop vs lesson_patching:"),
       f"{np.nanmax(np.abs(mine - restored)):.1e}")
 

@@ -144,7 +144,7 @@ with torch.no_grad():
         scores = torch.tensor([s for _, s in beams], dtype=torch.float64)[:, None] + logp   # (K, vocab)
         top_s, top_i = scores.view(-1).topk(2 * K)
         length, live = step + 1, []
-        for rank, (s, flat) in enumerate(zip(top_s.tolist(), top_i.tolist())):
+        for rank, (s, flat) in enumerate(zip(top_s.tolist(), top_i.tolist(), strict=True)):
             parent, token = flat // vocab, flat % vocab
             if s == -math.inf:
                 break
