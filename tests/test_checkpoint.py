@@ -140,3 +140,36 @@ def test_average_into_is_the_elementwise_mean(tmp_path):
     torch.testing.assert_close(avg.encoder.layers[0].ffn.w_1.weight,
                                (a.encoder.layers[0].ffn.w_1.weight + b.encoder.layers[0].ffn.w_1.weight) / 2)
     torch.testing.assert_close(avg.generator.weight, (a.generator.weight + b.generator.weight) / 2)
+
+
+def test_a_run_saved_with_fused_cross_attention_resumes_exactly():
+    """tests/data/legacy: a tiny run (two Adam steps) written when cross-attention kept one fused in_proj,
+    and its parameters after one more step. Loaded now, one more step gives the same parameters."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from glassformer.model import ModelConfig, Transformer
+    from glassformer.translation.checkpoint import load_optimizer, load_weights
+
+    folder = Path(__file__).parent / "data" / "legacy"
+    cfg = ModelConfig(src_vocab=7, tgt_vocab=7, d_model=8, heads=2, d_ff=16, encoder_layers=1, decoder_layers=1,
+                      dropout=0.0, max_len=16)
+    model = Transformer(cfg)
+    load_weights(model, folder / "model.safetensors")
+    opt = torch.optim.Adam(model.parameters(), lr=0.01, betas=(0.9, 0.98), eps=1e-9)
+    load_optimizer(opt, folder / "optimizer.safetensors", model)
+    src, tgt = torch.tensor([[3, 4, 5, 6], [4, 5, 0, 0]]), torch.tensor([[1, 3, 4], [1, 5, 0]])
+    labels = torch.tensor([[3, 4, 2], [5, 2, 0]])
+    total, n = model.loss(src, tgt, labels)
+    (total / n).backward()
+    opt.step()
+    want = Transformer(cfg)
+    missing, unexpected = want.load_state_dict(load_file(folder / "after_one_more_step.safetensors"), strict=False)
+    assert missing == ["generator.weight"] and not unexpected                # the head is tied to tgt_embed
+    for (name, got), (_, expected) in zip(model.named_parameters(), want.named_parameters(), strict=True):
+        if name.endswith(("self_attention.in_proj.bias", "cross_attention.kv_proj.bias")):
+            rows = slice(cfg.d_model, 2 * cfg.d_model) if "in_proj" in name else slice(0, cfg.d_model)
+            got, expected = got.detach().clone(), expected.detach().clone()
+            got[rows] = expected[rows] = 0       # K biases: no gradient but rounding noise, which Adam amplifies
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5, msg=name)

@@ -156,12 +156,15 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         self.d_model, self.heads, self.d_k, self.d_v = d_model, heads, d_k, d_v
         self.dropout, self.scale, self.path = dropout, scale, path
-        self.out_proj = nn.Linear(heads * d_v, d_model, bias=bias)          # W^O
         self.head = nn.ModuleList(HeadProbes() for _ in range(heads))
         self.mask = HookPoint()
         self.concat = HookPoint()
         self.output = HookPoint()
         self._head_hooks = False
+
+    def _output_projection(self, bias: bool) -> None:
+        """W^O, made after the input projections (parameter order: inputs, then W^O)."""
+        self.out_proj = nn.Linear(self.heads * self.d_v, self.d_model, bias=bias)
 
     def _init(self, *linears: nn.Linear) -> None:
         for lin in (*linears, self.out_proj):
@@ -218,6 +221,7 @@ class SelfAttention(MultiHeadAttention):
                  relative: RelativePositionBias | None = None, path: str = "fast") -> None:
         super().__init__(d_model, heads, d_k, d_v, bias=bias, dropout=dropout, scale=scale, path=path)
         self.in_proj = nn.Linear(d_model, heads * (2 * d_k + d_v), bias=bias)
+        self._output_projection(bias)
         self.rope = rope
         self.relative = relative
         self._init(self.in_proj)
@@ -267,6 +271,7 @@ class CrossAttention(MultiHeadAttention):
         super().__init__(d_model, heads, d_k, d_v, bias=bias, dropout=dropout, scale=scale, path=path)
         self.q_proj = nn.Linear(d_model, heads * d_k, bias=bias)
         self.kv_proj = nn.Linear(d_model, heads * (d_k + d_v), bias=bias)
+        self._output_projection(bias)
         self._init_fused()
 
     def _init_fused(self) -> None:

@@ -127,8 +127,9 @@ def save_optimizer(optimizer: torch.optim.Optimizer, path: str | Path) -> None:
         save_file(tensors, str(tmp), metadata=meta)
 
 
-def load_optimizer(optimizer: torch.optim.Optimizer, path: str | Path) -> None:
-    """Inverse of `save_optimizer`."""
+def load_optimizer(optimizer: torch.optim.Optimizer, path: str | Path, model: nn.Module | None = None) -> None:
+    """Inverse of `save_optimizer`. With `model`, state saved when cross-attention kept one fused in_proj
+    (one parameter fewer per weight and bias) is re-indexed to the split q_proj / kv_proj."""
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
         state: dict[int, dict[str, Any]] = {}
@@ -139,7 +140,34 @@ def load_optimizer(optimizer: torch.optim.Optimizer, path: str | Path) -> None:
         state.setdefault(int(p), {}).update(entry)
     groups = [{k: (tuple(v) if isinstance(v, list) and k != "params" else v) for k, v in g.items()}
               for g in json.loads(meta["param_groups"])]                     # JSON lists -> tuples (betas)
+    if model is not None and len(groups) == 1:
+        state, groups[0]["params"] = _from_fused_layout(model, state, groups[0]["params"])
     optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def _from_fused_layout(model: nn.Module, state: dict, saved: list[int]) -> tuple[dict, list[int]]:
+    """Optimizer state indexed as before cross-attention split its in_proj -> indexed as the model is now."""
+    plan, n_old, fused = [], 0, {}
+    for name, _ in model.named_parameters():                             # the order of model.parameters()
+        owner, _, attr = name.rpartition(".")
+        attention, _, proj = owner.rpartition(".")
+        if proj in ("q_proj", "kv_proj") and attention.endswith("cross_attention"):
+            if (attention, attr) not in fused:
+                fused[(attention, attr)] = n_old
+                n_old += 1
+            n_q = model.get_submodule(attention).q_proj.out_features
+            plan.append((fused[(attention, attr)], slice(0, n_q) if proj == "q_proj" else slice(n_q, None)))
+        else:
+            plan.append((n_old, None))
+            n_old += 1
+    if not fused or len(saved) != n_old or len(saved) == len(plan):
+        return state, saved                                                  # already the current layout
+    moved = {}
+    for new, (old, rows) in enumerate(plan):
+        if old in state:
+            moved[new] = {k: (v if not torch.is_tensor(v) else v[rows].clone() if rows is not None and v.dim()
+                              else v.clone()) for k, v in state[old].items()}   # each its own `step` counter
+    return moved, list(range(len(plan)))
 
 
 # ---- RNG states ----------------------------------------------------------------------------
