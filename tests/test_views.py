@@ -47,3 +47,24 @@ def test_walk_of_an_output_cut_at_the_limit_ends_with_the_models_choice_not_eos(
 def test_walk_refuses_logits_that_do_not_match_the_inputs():
     with pytest.raises(ValueError, match="expected \\(3, vocab\\)"):
         next_token_walk(torch.zeros(2, 4), [1, 2, 3], eos=2)
+
+
+def test_walk_inputs_of_an_output_cut_at_the_models_limit_fit_the_model():
+    from glassformer.lesson.views import walk_inputs
+
+    assert walk_inputs([5, 6], bos=1, max_len=8) == [1, 5, 6]
+    assert walk_inputs([5] * 8, bos=1, max_len=8, finished=False) == [1] + [5] * 7    # 8 positions, not 9
+    assert walk_inputs([5] * 3, bos=1, max_len=8, finished=False) == [1, 5, 5, 5]     # cut earlier: all kept
+
+
+def test_the_labs_sentence_view_reads_a_greedy_output_cut_at_the_models_limit(monkeypatch):
+    import glassformer.lab.api as api_module
+    from glassformer.lab.api import LabAPI, untrained_model
+
+    lab = untrained_model()
+    limit = lab.model.cfg.max_len
+    monkeypatch.setattr(api_module, "greedy", lambda model, src, *a, **k: [[7] * limit])   # never chose EOS
+    out = LabAPI(lab).sentence({"source": "／".join(["我"] * limit)})
+    assert out["finished"] is False and len(out["target_ids"]) == limit
+    last = out["next_tokens"][-1]
+    assert len(out["next_tokens"]) == limit and last["next_rank"] == 1          # the model's own choice

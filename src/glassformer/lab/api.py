@@ -23,7 +23,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from .. import __version__
 from ..errors import UsageError
 from ..lesson import examples
-from ..lesson.views import lesson_batch, next_token_walk
+from ..lesson.views import lesson_batch, next_token_walk, walk_inputs
 from ..model import ModelConfig, Recording, Transformer
 from ..translation.decode import greedy, output_limits
 from ..translation.tokenize import BOS, EOS, PAD, SPECIAL_TOKENS, SourceTokenizer, TargetTokenizer, Vocab
@@ -402,7 +402,7 @@ def _run_sentence(model: Transformer, lab: LabModel, source_ids: list[int], targ
         target_ids = greedy(model, src)[0]                                     # as `glassformer translate`
         limit = int(output_limits(model.source_padding(src), cfg.max_len)[0])
         finished = len(target_ids) < limit                                     # else it stopped at the limit
-    tgt_in = torch.tensor([[BOS, *target_ids]])                                 # (1, tgt)
+    tgt_in = torch.tensor([walk_inputs(target_ids, BOS, cfg.max_len, finished=finished)])   # (1, tgt)
     with model.probes(*ATTENTION_PROBES) as trace:
         logits = model(src, tgt_in)                                             # (1, tgt, vocab)
     # what each row should predict: the next target token, EOS after the last one, unless a greedy run

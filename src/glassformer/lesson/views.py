@@ -14,10 +14,10 @@ import torch
 from torch import Tensor
 
 from ..model.masks import causal_mask, combine, loss_mask, padding_mask
-from ..model.readout import NextToken, next_token_walk
+from ..model.readout import NextToken, next_token_walk, walk_inputs
 from . import examples as ex
 
-__all__ = ["LessonBatch", "NextToken", "lesson_batch", "next_token_walk", "source_ids", "target_ids"]
+__all__ = ["LessonBatch", "NextToken", "lesson_batch", "next_token_walk", "source_ids", "target_ids", "walk_inputs"]
 
 
 def source_ids(*sentences) -> Tensor:

@@ -50,3 +50,15 @@ def next_token_walk(logits: Tensor, inputs: list[int], eos: int, *, finished: bo
                               rank=int((p > p[label]).sum()) + 1,
                               top=[(int(i), float(v)) for v, i in zip(values.tolist(), ids.tolist(), strict=True)]))
     return rows
+
+
+def walk_inputs(outputs: list[int], bos: int, max_len: int, *, finished: bool = True) -> list[int]:
+    """The right-shifted inputs that read `outputs` back: BOS + outputs.
+
+    An output cut at the model's own length limit (not finished, max_len tokens) would need max_len + 1
+    positions; its last token is dropped instead — the last row predicts it, the model's own choice.
+    """
+    inputs = [bos, *outputs]
+    if not finished and len(inputs) > max_len:
+        inputs = inputs[:-1]
+    return inputs

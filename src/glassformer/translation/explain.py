@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..errors import UsageError
-from ..model.readout import next_token_walk
+from ..model.readout import next_token_walk, walk_inputs
 from .decode import Translator, greedy, output_limits
 from .tokenize import BOS, EOS
 
@@ -47,9 +47,7 @@ def explain(translator: Translator, sentence: str, target: str | None = None, al
         out = tgt_tok.encode(target)
         mode = "teacher-forced"
     limit = model.cfg.max_len
-    inputs = [BOS, *out]
-    if not finished and len(inputs) > limit:
-        inputs = inputs[:-1]          # cut at the model's own limit: the last row predicts the last token chosen
+    inputs = walk_inputs(out, BOS, limit, finished=finished)
     if len(inputs) > limit:
         raise UsageError(f"--target: {len(inputs)} target positions, over the model's limit of {limit}")
     tgt_in = torch.tensor([inputs], dtype=torch.long, device=device)       # (1, tgt)
