@@ -185,6 +185,8 @@ def test_the_notebooks_show_the_lessons_numbers(executed):
         positions = _text(notebooks[NOTEBOOKS / lang / "03_positions.ipynb"])
         off, on = (float(x) for x in re.findall(r"max \|H' − PH\| = (\S+)", positions))
         assert off < 1e-5 < 1e-2 < on
+        off, on = (float(x) for x in re.findall(r"max \|S' − PSPᵀ\| = (\S+)", positions))
+        assert off < 1e-5 < 1e-3 < on
         translator = _text(notebooks[NOTEBOOKS / lang / "04_translator.ipynb"])
         future = re.search(r"(?:之和|future positions).*?[:：] (\S+)", translator)
         assert future and float(future[1]) == 0.0                     # the triangle hides the future

@@ -127,6 +127,31 @@ print(T("X'₀ − X₄ 与 p₀ − p₄ 的最大差：", "largest gap between
       f"{(x_swapped[0] - x[4] - (pe[0] - pe[4])).abs().max():.2e}")
 
 # %% md zh
+# 注意力表也一样。用 `model.probes` 录下第 0 层第 0 个 head 的 9×9 权重 $S$：关掉位置时，交换后的表 $S'$ 正好是
+# 原表的行和列按同一置换重排，$S'=PSP^\top$；有位置时不是。
+# %% md en
+# The attention table behaves the same way. `model.probes` records the 9×9 weights $S$ of layer 0, head 0: with
+# positions off, the swapped table $S'$ is exactly the original with rows and columns permuted alike,
+# $S'=PSP^\top$; with positions on it is not.
+
+# %%
+probe = "encoder.0.self_attention.head.0.weights"
+fig, axes = plt.subplots(1, 4, figsize=(16, 3.8))
+for k, (name, model) in enumerate(((T("关掉位置", "positions off"), lab.no_positions),
+                                   (T("有位置", "positions on"), lab.model))):
+    tables = []
+    for ids in (src, src_swapped):
+        with torch.no_grad(), model.probes(probe) as rec:
+            model.encode(ids)
+        tables.append(rec[probe][0])                                      # (query, key)
+    s, s_swapped = tables
+    print(f"{name}: max |S' − PSPᵀ| = {(s_swapped - s[perm][:, perm]).abs().max():.2e}")
+    heatmap(axes[2 * k], s[perm][:, perm], swapped, swapped, f"{name}: PSPᵀ", digits=None)
+    heatmap(axes[2 * k + 1], s_swapped, swapped, swapped, f"{name}: S'", digits=None)
+fig.tight_layout()
+plt.show()
+
+# %% md zh
 # **试一试**：换一对位置（例如“昨天”与“书”：`swap[1], swap[7] = 7, 1`），或者只交换“给”与“了”，看哪几行变得最多。
 # %% md en
 # **Try it**: swap another pair (e.g. 昨天 and 书: `swap[1], swap[7] = 7, 1`), or only 给 and 了, and see which
