@@ -38,6 +38,22 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
 
 
+def _add_decoding(parser: argparse.ArgumentParser) -> None:
+    """The model folder and how to decode with it (translate, evaluate)."""
+    _add_model(parser)
+    parser.add_argument("--beam", type=_positive, default=1, help="beam size (default 1 = greedy)")
+    parser.add_argument("--alpha", type=float, help="beam length penalty: score / len^alpha")
+
+
+def _translator(args):
+    """The Translator of --model and the length penalty; the beam within its limit first."""
+    from .decode import DEFAULT_ALPHA, Translator
+
+    limits.check("--beam", args.beam, "MAX_BEAM")
+    translator = Translator.load(_model_dir(args), _device(args.device))
+    return translator, DEFAULT_ALPHA if args.alpha is None else args.alpha
+
+
 def _device(name: str) -> str:
     from .runtime import pick_device
 
@@ -115,9 +131,7 @@ def train_command(args) -> int:
 
 # ---- translate -----------------------------------------------------------------------------
 def add_translate_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_model(parser)
-    parser.add_argument("--beam", type=_positive, default=1, help="beam size (default 1 = greedy)")
-    parser.add_argument("--alpha", type=float, help="beam length penalty: score / len^alpha")
+    _add_decoding(parser)
     parser.add_argument("--verbose", action="store_true", help="show units and unknown units on stderr")
     parser.add_argument("--truncate", action="store_true", help="cut input over the model's length limit")
     parser.add_argument("--batch-size", type=_positive, default=64, help="sentences per batch (default 64)")
@@ -125,12 +139,8 @@ def add_translate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def translate_command(args) -> int:
-    from .decode import DEFAULT_ALPHA, Translator
-
-    limits.check("--beam", args.beam, "MAX_BEAM")
-    translator = Translator.load(_model_dir(args), _device(args.device))
+    translator, alpha = _translator(args)
     translator.batch_size = args.batch_size
-    alpha = DEFAULT_ALPHA if args.alpha is None else args.alpha
     lines = list(args.text) if args.text else [line.rstrip("\r\n") for line in sys.stdin]
     encodings = translator.analyse(lines)
     if args.verbose:
@@ -146,30 +156,25 @@ def translate_command(args) -> int:
 
 # ---- evaluate ------------------------------------------------------------------------------
 def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_model(parser)
+    _add_decoding(parser)
     parser.add_argument("--split", choices=("dev", "test", "tatoeba", "everyday"), default="test",
                         help="dev / test: HSK; tatoeba: held-out Tatoeba slice; everyday: 20 own sentences "
                              "(default test)")
     parser.add_argument("--input", choices=("raw", "gold"), default="raw",
                         help="raw: segment the Chinese like user input (default); gold: corpus segmentation")
-    parser.add_argument("--beam", type=_positive, default=1, help="beam size (default 1 = greedy)")
-    parser.add_argument("--alpha", type=float, help="beam length penalty: score / len^alpha")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
     parser.add_argument("--show", type=int, default=0, metavar="N", help="also print N example translations")
 
 
 def evaluate_command(args) -> int:
     from .datasets import load_split
-    from .decode import DEFAULT_ALPHA, Translator
     from .evaluate import evaluate_pairs
 
-    limits.check("--beam", args.beam, "MAX_BEAM")
     if args.input == "gold" and args.split not in ("dev", "test"):
         raise UsageError(f"--input gold needs the corpus segmentation: only --split dev/test have it, not {args.split}")
+    translator, alpha = _translator(args)
     folder = _model_dir(args)
-    translator = Translator.load(folder, _device(args.device))
     pairs = load_split(args.split)
-    alpha = DEFAULT_ALPHA if args.alpha is None else args.alpha
     result = evaluate_pairs(translator, pairs, args.input, args.beam, alpha)
     if args.json:
         print(json.dumps({"model": str(folder), "split": args.split, "input": args.input, "beam": args.beam,
