@@ -173,3 +173,12 @@ def test_a_run_saved_with_fused_cross_attention_resumes_exactly():
             got, expected = got.detach().clone(), expected.detach().clone()
             got[rows] = expected[rows] = 0       # K biases: no gradient but rounding noise, which Adam amplifies
         torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_configs_of_earlier_folders_load_without_their_retired_fields():
+    from glassformer.model import ModelConfig
+
+    cfg = ModelConfig.from_dict({**ModelConfig.tiny().to_dict(), "activation": "relu", "extra": {}})
+    assert cfg == ModelConfig.tiny()
+    with pytest.raises(ValueError, match="unknown field 'activations'"):
+        ModelConfig.from_dict({**ModelConfig.tiny().to_dict(), "activations": "relu"})

@@ -17,6 +17,7 @@ NORMS = ("post", "pre")
 POSITIONS = ("sinusoidal", "learned", "relative", "rope", "none")
 FAMILIES = ("encoder-decoder", "encoder-only", "decoder-only")
 ATTENTION_PATHS = ("fast", "glass")
+RETIRED_FIELDS = ("activation", "extra")   # fields of earlier configs ("relu" only, free notes): ignored on reading
 
 
 class ConfigError(UsageError):
@@ -107,6 +108,7 @@ class ModelConfig:
         (a ValueError) naming `source` and the field."""
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: expected an object of model settings, got {type(data).__name__}")
+        data = {k: v for k, v in data.items() if k not in RETIRED_FIELDS}
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known, key=str)
         if unknown:

@@ -283,9 +283,6 @@ def weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
         raise UsageError(f"{path}: not a readable safetensors file ({detail})") from None
 
 
-RETIRED_CONFIG_KEYS = ("activation", "extra")   # config.json keys of earlier folders, ignored on loading
-
-
 def check_weights(path: Path, cfg: ModelConfig) -> None:
     """The file's tensors against the shapes `cfg` implies (a model built on the meta device: no memory)."""
     with torch.device("meta"):
@@ -320,10 +317,9 @@ def load_translator_parts(folder: str | Path, device: str | torch.device = "cpu"
                          "or `glassformer train --out DIR`")
     root = find_run_root(folder)
     config = validate(ConfigFile, read_run_json(root / CONFIG, "MAX_CONFIG_BYTES"), str(root / CONFIG))
-    # Folders written before ModelConfig dropped `activation` (always "relu") and `extra` still load;
-    # their cross-attention weights (one fused in_proj) are split by CrossAttention on loading.
-    settings = {k: v for k, v in config.model.items() if k not in RETIRED_CONFIG_KEYS}
-    cfg = ModelConfig.from_dict(settings, f"{root / CONFIG}: model")
+    # Folders written before ModelConfig dropped `activation` and `extra` still load (from_dict ignores
+    # them); their cross-attention weights (one fused in_proj) are split by CrossAttention on loading.
+    cfg = ModelConfig.from_dict(config.model, f"{root / CONFIG}: model")
     vocab = validate(VocabFile, read_run_json(root / VOCAB, "MAX_VOCAB_BYTES"), str(root / VOCAB))
     source, target = _tokenizers(root / VOCAB, vocab)
     for side, size, want in (("source", source.vocab_size, cfg.src_vocab), ("target", target.vocab_size,
