@@ -165,3 +165,21 @@ def test_target_tokenizer_json_round_trip(corpus: CorpusSplits, tgt: TargetToken
     texts = ENGLISH + [p.en for p in corpus.dev]
     assert [restored.encode(t) for t in texts] == [tgt.encode(t) for t in texts]
     assert TargetTokenizer.from_str(tgt.to_str()).vocab_size == tgt.vocab_size
+
+
+def test_sentencepiece_source_units_are_sentencepiece_own_segmentation(corpus: CorpusSplits) -> None:
+    """The SentencePiece vocabulary's counts make the unigram segmenter return SentencePiece's Viterbi
+    pieces (on text it never trained on), and dictionary characters keep every Han character off <unk>."""
+    from glassformer.translation.recipes import han_runs, sentencepiece_tokenizer, train_sentencepiece
+
+    texts = [p.zh for p in corpus.train[:1500]]
+    processor = train_sentencepiece(han_runs(texts), 1600)
+    tokenizer = sentencepiece_tokenizer(texts, 1600, extra_words=["龘"])
+    held_out = han_runs([p.zh for p in corpus.test])
+    assert len(held_out) > 200
+    differ = [run for run in held_out
+              if tokenizer.segment(run) != [p for p in processor.encode(run, out_type=str) if p != "\u2581"]
+              and not set(run) - set("".join(tokenizer.vocab.tokens))]        # only runs of known characters
+    assert not differ, differ[:5]
+    assert len({len(u) for run in held_out for u in tokenizer.segment(run)}) > 1   # pieces, not characters
+    assert tokenizer.analyse("龘我").unknown == []

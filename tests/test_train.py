@@ -65,6 +65,23 @@ def test_resume_continues_the_same_loss_trajectory(tmp_path):
         train(_args(straight, *common))
 
 
+def test_hsk_finish_epochs_train_on_the_hsk_examples_only(tmp_path):
+    """--hsk-finish 1: the last epoch's steps cover exactly the HSK examples once, no Tatoeba pair."""
+    from glassformer.translation.train import Trainer
+
+    trainer = Trainer(_args(tmp_path / "run", "--epochs", "3", "--hsk-finish", "1", "--tatoeba"))
+    everything, hsk = trainer.data.examples, trainer.data.finish
+    assert 0 < len(hsk) < len(everything) and all(e in everything for e in hsk)
+    assert trainer.data.counts["tatoeba_pairs"] == 48
+    assert trainer.examples_for(1) is everything and trainer.examples_for(2) is hsk
+    assert trainer.run() == 0
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    tokens = {epoch: sum(r["tokens"] for r in lines if r["kind"] == "step" and r["epoch"] == epoch)
+              for epoch in range(3)}
+    assert tokens[0] == tokens[1] == sum(len(e.tgt) + 1 for e in everything)
+    assert tokens[2] == sum(len(e.tgt) + 1 for e in hsk)
+
+
 @pytest.mark.slow
 def test_ddp_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     single, ddp = tmp_path / "single", tmp_path / "ddp"

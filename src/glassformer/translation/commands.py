@@ -38,10 +38,11 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
 
 
-def _add_decoding(parser: argparse.ArgumentParser) -> None:
-    """The model folder and how to decode with it (translate, evaluate)."""
+def _add_decoding(parser: argparse.ArgumentParser, beam: int = 1) -> None:
+    """The model folder and how to decode with it (translate: greedy; evaluate: beam 4, as scores are reported)."""
     _add_model(parser)
-    parser.add_argument("--beam", type=_positive, default=1, help="beam size (default 1 = greedy)")
+    parser.add_argument("--beam", type=_positive, default=beam,
+                        help=f"beam size (default {beam}{' = greedy' if beam == 1 else '; 1 = greedy'})")
     parser.add_argument("--alpha", type=float, help="beam length penalty: score / len^alpha")
 
 
@@ -102,6 +103,14 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"add the train split's word glosses as word-level pairs {from_recipe}")
     parser.add_argument("--char-fallback", action=argparse.BooleanOptionalAction, default=None,
                         help=f"characters as source units too: unknown words read as characters {from_recipe}")
+    parser.add_argument("--tatoeba", action=argparse.BooleanOptionalAction, default=None,
+                        help=f"add the Tatoeba training pairs {from_recipe}")
+    parser.add_argument("--hsk-repeat", type=_positive,
+                        help=f"each HSK training pair this many times per epoch {from_recipe}")
+    parser.add_argument("--source-pieces", type=_non_negative,
+                        help=f"0: source words from the HSK corpus; N: a SentencePiece unigram of N pieces {from_recipe}")
+    parser.add_argument("--hsk-finish", type=_non_negative,
+                        help=f"the last N epochs train on the HSK examples only {from_recipe}")
     parser.add_argument("--source-units", choices=("raw", "gold"),
                         help=f"train on the raw-text segmentation or the corpus's {from_recipe}")
     parser.add_argument("--average", type=_positive,
@@ -152,8 +161,9 @@ def translate_command(args) -> int:
 
 
 # ---- evaluate ------------------------------------------------------------------------------
+EVALUATE_BEAM = 4   # scores are reported with beam 4 (the common setting); --beam 1 gives greedy's
 def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_decoding(parser)
+    _add_decoding(parser, beam=EVALUATE_BEAM)
     parser.add_argument("--split", choices=("dev", "test", "tatoeba", "everyday"), default="test",
                         help="dev / test: HSK; tatoeba: held-out Tatoeba slice; everyday: 20 own sentences "
                              "(default test)")

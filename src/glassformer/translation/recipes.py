@@ -34,6 +34,8 @@ class Recipe:
     char_fallback: bool = False     # characters join the source vocabulary; HSK sentences also train char-split
     tatoeba: bool = False           # add the Tatoeba training pairs (held-out slice and evaluation sentences out)
     hsk_repeat: int = 1             # each HSK training pair appears this many times per epoch
+    source_pieces: int = 0          # 0: source words from the HSK corpus; N: a SentencePiece unigram of N pieces
+    hsk_finish: int = 0             # the last N epochs train on the HSK examples only (finishing in-domain)
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -80,6 +82,7 @@ class Data:
     target: TargetTokenizer
     examples: list[Example]
     dev: list = field(default_factory=list)
+    finish: list[Example] = field(default_factory=list)    # the HSK examples alone (recipe.hsk_finish epochs)
     counts: dict[str, int] = field(default_factory=dict)
 
 
@@ -95,6 +98,54 @@ def build_source_tokenizer(hsk_units: list[list[str]], other_texts: list[str],
     sequences = hsk_units + [words.segment(text) for text in other_texts]
     counted = SourceTokenizer.train(sequences)
     return with_characters(counted, sequences + [[w] for w in extra_words])
+
+
+def han_runs(texts: list[str]) -> list[str]:
+    """The Chinese runs of the texts, as the segmenter sees them (punctuation, Latin and digits cut off)."""
+    from .tokenize import normalize_punct, split_runs
+
+    return [run for text in texts for run, han in split_runs(normalize_punct(text)) if han]
+
+
+def train_sentencepiece(runs: list[str], pieces: int):
+    """A SentencePiece unigram model of about ``pieces`` pieces over Chinese runs (a SentencePieceProcessor)."""
+    import io
+
+    import sentencepiece as spm
+
+    from ..errors import UsageError
+
+    characters = len({c for run in runs for c in run})
+    if pieces <= characters:
+        raise UsageError(f"--source-pieces: {pieces} pieces cannot hold the {characters} distinct characters of the "
+                         f"training text; use more than {characters}", "source_pieces")
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(runs), model_writer=model, vocab_size=pieces, model_type="unigram",
+        character_coverage=1.0, add_dummy_prefix=False, split_by_whitespace=False, max_sentencepiece_length=8,
+        num_threads=1, minloglevel=2, hard_vocab_limit=False)
+    return spm.SentencePieceProcessor(model_proto=model.getvalue())
+
+
+def sentencepiece_tokenizer(texts: list[str], pieces: int, extra_words: list[str] = ()) -> SourceTokenizer:
+    """Source units from a SentencePiece unigram model of about ``pieces`` pieces, trained on the Chinese runs
+    of the training text.
+
+    Each Han piece keeps a count proportional to exp(its log-probability score), so the tokenizer's
+    most-probable-path segmentation is SentencePiece's own Viterbi segmentation (tested); the run folder
+    stays JSON (the `sentencepiece` package trains such a vocabulary, it is not needed to use it). Every
+    Han character of ``extra_words`` (dictionary headwords) joins at count 1, as for the corpus words.
+    """
+    import math
+
+    processor = train_sentencepiece(han_runs(texts), pieces)
+    counts: dict[str, int] = {}
+    for i in range(processor.get_piece_size()):
+        piece = processor.id_to_piece(i).replace("\u2581", "")
+        if piece and all(map(is_han, piece)) and not (processor.is_control(i) or processor.is_unknown(i)):
+            counts[piece] = max(counts.get(piece, 0), max(1, round(math.exp(processor.get_score(i)) * 1e9)))
+    ordered = sorted(counts, key=lambda w: (-counts[w], w))
+    return with_characters(SourceTokenizer(Vocab(ordered, counts)), [[w] for w in ordered] + [[w] for w in extra_words])
 
 
 def prepare_data(recipe: Recipe, limit: int | None = None, vocab: dict | None = None,
@@ -126,8 +177,12 @@ def prepare_data(recipe: Recipe, limit: int | None = None, vocab: dict | None = 
         from .datasets import dictionary_characters
 
         single = dictionary_characters(entries) if recipe.char_fallback else []
-        source = build_source_tokenizer([p.zh_units for p in hsk], [p.zh for p in tatoeba], single)
-        if not recipe.char_fallback:
+        if recipe.source_pieces:
+            source = sentencepiece_tokenizer([p.zh for p in hsk] + [p.zh for p in tatoeba], recipe.source_pieces,
+                                             single)
+        else:
+            source = build_source_tokenizer([p.zh_units for p in hsk], [p.zh for p in tatoeba], single)
+        if not recipe.char_fallback and not recipe.source_pieces:
             source = SourceTokenizer.train([p.zh_units for p in hsk] + [source.segment(p.zh) for p in tatoeba])
     glosses: dict[str, str] = {}
     if recipe.glosses:
@@ -147,6 +202,7 @@ def prepare_data(recipe: Recipe, limit: int | None = None, vocab: dict | None = 
             chars = [c for u in units for c in (list(u) if all(map(is_han, u)) else [u])]
             if chars != units:
                 examples.append(Example(source.vocab.encode(chars), tgt))
+    n_hsk = len(examples)                                   # the HSK examples come first
     for p in tatoeba:
         examples.append(Example(source.encode(p.zh), target.encode(p.en)))
     n_glosses = 0
@@ -157,10 +213,12 @@ def prepare_data(recipe: Recipe, limit: int | None = None, vocab: dict | None = 
             n_glosses += 1
     max_len = recipe.model.get("max_len", 256)
     kept = [e for e in examples if e.width <= max_len]
+    finish = [e for e in examples[:n_hsk] if e.width <= max_len]
     dev = corpus.dev[:dev_limit] if dev_limit else corpus.dev
-    return Data(source, target, kept, dev,
+    return Data(source, target, kept, dev, finish,
                 {"pairs": len(hsk) + len(tatoeba), "hsk_pairs": len(hsk), "tatoeba_pairs": len(tatoeba),
-                 "glosses": n_glosses, "examples": len(kept), "dropped_too_long": len(examples) - len(kept),
+                 "glosses": n_glosses, "examples": len(kept), "finish_examples": len(finish),
+                 "dropped_too_long": len(examples) - len(kept),
                  "target_tokens": sum(len(e.tgt) + 1 for e in kept)})
 
 

@@ -52,6 +52,8 @@ class TrainSettings:
     dropout: Fraction
     tatoeba: bool = False                           # Tatoeba training pairs join the HSK ones
     hsk_repeat: Positive = 1                        # each HSK training pair this many times per epoch
+    source_pieces: Annotated[int, Field(ge=0, le=262_144)] = 0   # 0: corpus words; N: SentencePiece pieces
+    hsk_finish: NonNegative = 0                     # the last N epochs on the HSK examples only
     max_steps: Positive | None = None
     seed: int = 1
     limit: Positive | None = None                   # only the first N training pairs

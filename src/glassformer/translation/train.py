@@ -67,6 +67,28 @@ class LossModule(nn.Module):
         return self.model.loss(src, tgt_in, labels, self.label_smoothing)[0]
 
 
+class Estimate:
+    """The run's remaining time, measured on this machine: seconds per step over steps 11-60 of this
+    invocation (the first ten warm up), times the steps left. Printed once, early."""
+
+    WARM, MEASURED = 10, 50
+
+    def __init__(self, start_step: int, total_steps: int) -> None:
+        self.start, self.total = start_step, total_steps
+        self.t0: float | None = None
+
+    def update(self, step: int) -> str | None:
+        done = step - self.start
+        if done == self.WARM:
+            self.t0 = time.perf_counter()
+        if done != self.WARM + self.MEASURED or self.t0 is None:
+            return None
+        per_step = (time.perf_counter() - self.t0) / self.MEASURED
+        left = max(self.total - step, 0)
+        return (f"estimate: {per_step * 1000:.0f} ms per step on this machine, {left:,} steps left: "
+                f"about {per_step * left / 60:.0f} min of training, plus a dev score per epoch")
+
+
 # ---- the run -------------------------------------------------------------------------------
 def _recipe_of(settings: TrainSettings) -> Recipe:
     names = {f.name for f in dataclasses.fields(Recipe)} - {"model", "note"}
@@ -104,6 +126,7 @@ class Trainer:
         torch.manual_seed(self.settings.seed)
         self.recipe = _recipe_of(self.settings)
         self.data = prepare_data(self.recipe, self.settings.limit, vocab)
+        self.examples = self.data.examples          # this epoch's examples (see examples_for)
         cfg_dict = dict(self.settings.model, src_vocab=self.data.source.vocab_size,
                         tgt_vocab=self.data.target.vocab_size)
         self.cfg = ModelConfig.from_dict(read_json(self.out / CONFIG)["model"]) if self.resume \
@@ -162,9 +185,20 @@ class Trainer:
         return {"dev_bleu": round(s.bleu, 2), "dev_chrf": round(s.chrf, 2)}
 
     # ---- the loop ------------------------------------------------------------------------
+    def examples_for(self, epoch: int) -> list:
+        """The examples of an epoch: all of them, or the HSK ones alone in the last `hsk_finish` epochs."""
+        finishing = self.settings.hsk_finish and epoch >= self.settings.epochs - self.settings.hsk_finish
+        return self.data.finish if finishing and self.data.finish else self.data.examples
+
+    def epoch_groups(self, epoch: int) -> list[list[list[int]]]:
+        """The optimizer steps of an epoch (batches of example indices), the same on every rank."""
+        s = self.settings
+        return step_groups(make_batches(self.examples_for(epoch), s.max_tokens, s.seed, epoch),
+                           self.dist.world, s.accumulate)
+
     def step_tokens(self, group: list[list[int]]) -> int:
         """Non-PAD labels of every batch in the step, on all ranks (known from the shared batch list)."""
-        return sum(len(self.data.examples[i].tgt) + 1 for batch in group for i in batch)
+        return sum(len(self.examples[i].tgt) + 1 for batch in group for i in batch)
 
     def train_step(self, group: list[list[int]]) -> tuple[float, int]:
         """One optimizer step on this rank's share of `group`; returns (summed loss over all ranks, tokens)."""
@@ -179,7 +213,7 @@ class Trainer:
         share = rank_share(group, self.dist.rank, accumulate)
         cuda = self.device.type == "cuda"
         for m, index in enumerate(share):
-            batch = collate(self.data.examples, index).to(self.device)
+            batch = collate(self.examples, index).to(self.device)
             sync = contextlib.nullcontext()
             if self.dist.active and m < len(share) - 1:
                 sync = self.loss_module.no_sync()
@@ -207,9 +241,11 @@ class Trainer:
         """Train until the epochs (or --max-steps) are done or a stop is requested; 130 if interrupted."""
         s = self.settings
         epochs, max_steps = s.epochs, s.max_steps
-        groups_per_epoch = len(step_groups(make_batches(self.data.examples, s.max_tokens, s.seed, 0),
-                                           self.dist.world, s.accumulate))
-        total_steps = epochs * groups_per_epoch if max_steps is None else min(max_steps, epochs * groups_per_epoch)
+        sizes = {id(self.data.examples): len(self.epoch_groups(0)),
+                 id(self.data.finish): len(self.epoch_groups(epochs - 1))}           # the last epoch may finish
+        per_epoch = [sizes[id(self.examples_for(epoch))] for epoch in range(epochs)]
+        groups_per_epoch = per_epoch[0]
+        total_steps = sum(per_epoch) if max_steps is None else min(max_steps, sum(per_epoch))
         bar = None
         if self.dist.main and not self.options.quiet:
             from tqdm import tqdm
@@ -223,17 +259,21 @@ class Trainer:
                   f"{sum(p.numel() for p in self.model.parameters()):,} parameters, "
                   f"{groups_per_epoch} steps/epoch, device {self.device}, world {self.dist.world}",
                   file=sys.stderr)
+            note = RECIPES[s.preset].note if s.preset in RECIPES else ""
+            if note:
+                print(f"preset {s.preset}: {note}", file=sys.stderr)
         self.model.train()
         interrupted = False
         started = time.time()
         seconds0 = self.state.get("seconds", 0.0)
         self._cpu0, self._cpu_start = self.state.get("cpu_seconds", 0.0), time.process_time()
         window_tokens, window_time, window_loss = 0, time.time(), 0.0
+        estimate = Estimate(self.state["step"], total_steps)
         with StopFlag() as flag:
             while self.state["epoch"] < epochs:
                 epoch = self.state["epoch"]
-                groups = step_groups(make_batches(self.data.examples, s.max_tokens, s.seed, epoch),
-                                     self.dist.world, s.accumulate)
+                groups = self.epoch_groups(epoch)
+                self.examples = self.examples_for(epoch)
                 epoch_loss, epoch_tokens = 0.0, 0
                 while self.state["position"] < len(groups):
                     if max_steps is not None and self.state["step"] >= max_steps:
@@ -257,6 +297,10 @@ class Trainer:
                             bar.set_postfix(epoch=epoch + 1, loss=f"{window_loss / window_tokens:.3f}",
                                             tok_s=f"{rate:.0f}", lr=f"{lr:.2e}", refresh=False)
                         window_tokens, window_time, window_loss = 0, now, 0.0
+                    if self.dist.main and not self.options.quiet:
+                        line = estimate.update(step)
+                        if line:
+                            (bar.write if bar is not None else print)(line, file=sys.stderr)
                     if bar is not None:
                         bar.update(1)
                     if stop:
