@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from glassformer.errors import UsageError
 from glassformer.translation.checkpoint import load_translator_parts, read_json
@@ -80,6 +81,28 @@ def test_hsk_finish_epochs_train_on_the_hsk_examples_only(tmp_path):
               for epoch in range(3)}
     assert tokens[0] == tokens[1] == sum(len(e.tgt) + 1 for e in everything)
     assert tokens[2] == sum(len(e.tgt) + 1 for e in hsk)
+
+
+def test_the_run_ends_with_the_average_of_its_last_epochs_in_best(tmp_path):
+    """--average 2: best/ holds the element-wise mean of the last two epoch checkpoints, with or without a
+    dev score (a single noisy dev number does not veto the average)."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "run"
+    assert train(_args(out, "--epochs", "3", "--average", "2", "--dropout", "0.1")) == 0
+    state = read_json(out / "state.json")
+    last_two = state["checkpoints"][-2:]
+    assert len(last_two) == 2 and read_json(out / "best" / "state.json")["averaged"] == last_two
+    a, b = (load_file(out / "checkpoints" / name / "model.safetensors") for name in last_two)
+    best = load_file(out / "best" / "model.safetensors")
+    assert set(best) == set(a)
+    moved = 0
+    for key in best:
+        assert torch.allclose(best[key], (a[key].double() + b[key].double()).div(2).to(best[key].dtype), atol=1e-6)
+        moved += int(not torch.equal(a[key], b[key]))
+    assert moved > 0                                                    # the two epochs really differ
+    latest = load_file(out / "model.safetensors")                       # training weights stay the last epoch's
+    assert all(torch.equal(latest[k], b[k]) for k in b)
 
 
 @pytest.mark.slow

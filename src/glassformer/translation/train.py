@@ -246,13 +246,6 @@ class Trainer:
         per_epoch = [sizes[id(self.examples_for(epoch))] for epoch in range(epochs)]
         groups_per_epoch = per_epoch[0]
         total_steps = sum(per_epoch) if max_steps is None else min(max_steps, sum(per_epoch))
-        bar = None
-        if self.dist.main and not self.options.quiet:
-            from tqdm import tqdm
-
-            bar = tqdm(total=total_steps, initial=min(self.state["step"], total_steps), unit="step",
-                       dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 5.0,
-                       file=sys.stderr)
         if self.dist.main:
             print(f"training {self.out}: {self.data.counts['examples']} examples "
                   f"({self.data.counts['pairs']} pairs + {self.data.counts['glosses']} glosses), "
@@ -262,6 +255,13 @@ class Trainer:
             note = RECIPES[s.preset].note if s.preset in RECIPES else ""
             if note:
                 print(f"preset {s.preset}: {note}", file=sys.stderr)
+        bar = None
+        if self.dist.main and not self.options.quiet:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total_steps, initial=min(self.state["step"], total_steps), unit="step",
+                       dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 5.0,
+                       file=sys.stderr)
         self.model.train()
         interrupted = False
         started = time.time()
@@ -356,7 +356,10 @@ class Trainer:
         self._barrier()
 
     def average_last(self) -> None:
-        """Average the last K epoch checkpoints; keep the result in best/ if it scores higher on dev."""
+        """Average the last K epoch checkpoints into best/: the run's model (its dev score is logged).
+
+        Averaging is kept whatever one dev score says: on 232 short dev sentences single epochs differ
+        by a BLEU point by chance, while the average of the last epochs is the steadier model."""
         if not self.dist.main:
             return
         names = self.state.get("checkpoints", [])[-self.settings.average:]
@@ -368,11 +371,10 @@ class Trainer:
         scores = self.dev_score()
         record = {"kind": "average", "checkpoints": names, **(scores or {})}
         self.log(record)
-        best = self.state.get("best_bleu")
-        if scores is not None and (best is None or scores["dev_bleu"] >= best):
-            self.state["best_bleu"], self.state["best_step"] = scores["dev_bleu"], f"average of {names}"
-            save_best(self.out, self.model, {**self.state, "dev": scores, "averaged": names})
-            write_json(self.out / STATE, {**self.state, "rng": rng_state()})
+        self.state["best_bleu"] = scores["dev_bleu"] if scores else None
+        self.state["best_step"] = f"average of {names}"
+        save_best(self.out, self.model, {**self.state, "dev": scores, "averaged": names})
+        write_json(self.out / STATE, {**self.state, "rng": rng_state()})
         self.model.load_state_dict(latest)
 
     def summary(self) -> None:
