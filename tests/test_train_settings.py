@@ -52,6 +52,9 @@ def test_resume_of_nothing_says_so(tmp_path, capsys):
     ("--dropout", "1.0", ["--dropout", "less than 1"]),
     ("--source-units", "both", ["--source-units"]),
     ("--preset", "huge", ["--preset", "huge"]),
+    ("--source-pieces", "999999999", ["--source-pieces", "262144"]),
+    ("--bpe-vocab", "999999999", ["--bpe-vocab", "262144"]),
+    ("--source-pieces", "50", ["--source-pieces", "distinct characters"]),
 ])
 def test_bad_options_are_one_line(tmp_path, capsys, option, value, words):
     one_line_exit_2([*TINY, "--out", str(tmp_path / "run"), option, value], capsys, *words)

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from ..errors import UsageError
+from ..limits import MAX_VOCAB
 from ..model import ModelConfig
 from ..validation import DATACLASS_CONFIG, validate
 from .recipes import RECIPES
@@ -24,6 +25,7 @@ Positive = Annotated[int, Field(gt=0)]
 NonNegative = Annotated[int, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+VocabSize = Annotated[int, Field(gt=0, le=MAX_VOCAB)]     # --bpe-vocab, --source-pieces: at most limits.MAX_VOCAB
 Preset = Literal["default", "large", "hsk", "anchor", "tiny"]   # the names of translation.recipes.RECIPES
 
 # command-line option -> ModelConfig fields it sets
@@ -44,7 +46,7 @@ class TrainSettings:
     lr_factor: PositiveFloat
     warmup: Positive
     label_smoothing: Fraction
-    bpe_vocab: Positive
+    bpe_vocab: VocabSize
     glosses: bool
     source_units: Literal["raw", "gold"]
     average: Positive
@@ -52,7 +54,7 @@ class TrainSettings:
     dropout: Fraction
     tatoeba: bool = False                           # Tatoeba training pairs join the HSK ones
     hsk_repeat: Positive = 1                        # each HSK training pair this many times per epoch
-    source_pieces: Annotated[int, Field(ge=0, le=262_144)] = 0   # 0: corpus words; N: SentencePiece pieces
+    source_pieces: Annotated[int, Field(ge=0, le=MAX_VOCAB)] = 0   # 0: corpus words; N: SentencePiece pieces
     hsk_finish: NonNegative = 0                     # the last N epochs on the HSK examples only
     max_steps: Positive | None = None
     seed: int = 1
