@@ -133,6 +133,7 @@ def test_evaluate_prints_bleu_and_chrf_with_signatures(model_dir, capsys, monkey
     result = json.loads(out)
     assert result["sentences"] == 232 and 0.0 <= result["bleu"] <= 100.0 and 0.0 <= result["chrf"] <= 100.0
     assert "nrefs:1" in result["bleu_signature"] and "nc:6" in result["chrf_signature"]
+    assert result["beam"] == 4 and result["alpha"] == 1.0          # scores are reported with beam 4 (docs)
 
 
 def test_explain_of_a_greedy_output_cut_at_the_limit_ends_without_eos(model_dir, capsys, monkeypatch):

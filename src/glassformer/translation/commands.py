@@ -108,7 +108,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hsk-repeat", type=_positive,
                         help=f"each HSK training pair this many times per epoch {from_recipe}")
     parser.add_argument("--source-pieces", type=_non_negative,
-                        help=f"0: source words from the HSK corpus; N: a SentencePiece unigram of N pieces {from_recipe}")
+                        help="0: source words from the HSK corpus; N: a SentencePiece unigram of N pieces "
+                             f"{from_recipe}")
     parser.add_argument("--hsk-finish", type=_non_negative,
                         help=f"the last N epochs train on the HSK examples only {from_recipe}")
     parser.add_argument("--source-units", choices=("raw", "gold"),
