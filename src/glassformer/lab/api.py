@@ -287,7 +287,7 @@ class LabAPI:
                              "it only shows the structure"}),
             "parameters": sum(p.numel() for p in lab.model.parameters()),
             "config": {k: cfg.to_dict()[k] for k in ("d_model", "heads", "d_k", "d_v", "d_ff", "encoder_layers",
-                                                     "decoder_layers", "norm", "positions", "max_len")},
+                                                     "decoder_layers", "norm_placement", "positions", "max_len")},
             "src_vocab": cfg.src_vocab,
             "tgt_vocab": cfg.tgt_vocab,
         }
