@@ -15,7 +15,7 @@ from glassformer.inference import (
     use_threads,
 )
 from glassformer.model import ModelConfig, Transformer
-from glassformer.translation.decode import beam_search, greedy
+from glassformer.translation.search import beam_search, greedy
 
 POSITIONS = ["sinusoidal", "learned", "relative", "rope", "none"]
 

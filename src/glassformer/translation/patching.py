@@ -280,7 +280,7 @@ def patch_command(args) -> int:
 
     from ..inference.threads import decoding_threads
     from .commands import _device, _model_dir
-    from .decode import Translator
+    from .translator import Translator
 
     torch.set_num_threads(decoding_threads(1))              # one sentence at a time: batch-1 forward passes
     translator = Translator.load(_model_dir(args), _device(args.device))
