@@ -179,4 +179,4 @@ def test_the_lessons_sentence_target_and_corruptions():
     assert info["default_source"] == "我／昨天／给／了／他／一／本／书／。"
     assert info["default_target"] == examples.LESSON_TARGET
     assert info["patch_corrupt"] == "我／昨天／给／了／她／一／本／书／。"
-    assert info["swap"] == ["我", "他"]
+    assert info["swap"] == ["我", "他"] and info["patch_predict"] == "him"

@@ -237,7 +237,7 @@ class LabAPI:
         """What the Sentence view runs: trained or untrained, from where, with which sizes."""
         return {"glassformer": __version__, "model": self.describe(self.lab_model),
                 "default_source": DEFAULT_SOURCE, "default_target": DEFAULT_TARGET, "patch_corrupt": PATCH_CORRUPT,
-                "swap": list(examples.SWAP_PAIR)}
+                "patch_predict": examples.LESSON_PREDICT, "swap": list(examples.SWAP_PAIR)}
 
     @staticmethod
     def describe(lab: LabModel) -> dict:
