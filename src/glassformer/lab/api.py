@@ -23,11 +23,10 @@ from pydantic import BeforeValidator, Field
 from .. import __version__, limits
 from ..errors import UsageError
 from ..lesson import examples
-from ..lesson.views import lesson_batch, next_token_walk, walk_inputs
+from ..lesson.views import lesson_batch
 from ..model import Recording, Transformer
-from ..translation.decode import greedy, output_limits
+from ..translation.explain import walk_sentence
 from ..translation.patching import MAX_CORRUPT, lesson_patching
-from ..translation.tokenize import BOS, EOS, PAD
 from ..validation import Schema, Text, type_name, validate
 from .models import UNTRAINED_SEED, LabModel, load_model, untrained_model
 
@@ -271,34 +270,24 @@ def _stack(trace: Recording, stack: str, part: str, layers: int, heads: int) -> 
 
 def _run_sentence(model: Transformer, lab: LabModel, source_ids: list[int], target_ids: list[int] | None,
                   top_k: int) -> dict:
-    """Teacher-forced pass over BOS + target (greedy output when no target), traced for attention."""
+    """Teacher-forced pass over BOS + target (greedy output when no target), traced for attention: the walk
+    `glassformer explain` takes (translation.explain.walk_sentence)."""
     cfg = model.cfg
-    src = torch.tensor([source_ids])                                            # (1, src)
-    finished = True
-    if target_ids is None:
-        target_ids = greedy(model, src)[0]                                     # as `glassformer translate`
-        limit = int(output_limits(model.source_padding(src), cfg.max_len)[0])
-        finished = len(target_ids) < limit                                     # else it stopped at the limit
-    tgt_in = torch.tensor([walk_inputs(target_ids, BOS, cfg.max_len, finished=finished)])   # (1, tgt)
-    with model.probes(*ATTENTION_PROBES) as trace:
-        logits = model(src, tgt_in)                                             # (1, tgt, vocab)
-    # what each row should predict: the next target token, EOS after the last one, unless a greedy run
-    # stopped at the length limit: then the last row's next token is simply the model's choice
-    walk = next_token_walk(logits[0], tgt_in[0].tolist(), EOS, finished=finished, top=top_k)
+    walk = walk_sentence(model, source_ids, target_ids, ATTENTION_PROBES, top=top_k)
     rows = [{"input": lab.piece(r.input_id), "next": lab.piece(r.next_id), "next_id": r.next_id,
              "next_prob": float(f"{r.p_next:.6g}"), "next_rank": r.rank,
              "top": [{"token": lab.piece(t), "id": t, "prob": float(f"{p:.6g}")} for t, p in r.top]}
-            for r in walk]
+            for r in walk.rows]
     return {
-        "target": [lab.piece(int(t)) for t in tgt_in[0]],
-        "target_ids": tgt_in[0].tolist(),
-        "translation": lab.target.decode(target_ids),
-        "finished": finished,
+        "target": [lab.piece(t) for t in walk.inputs],
+        "target_ids": walk.inputs,
+        "translation": lab.target.decode(walk.output),
+        "finished": walk.finished,
         "layers": {"encoder": cfg.encoder_layers, "decoder": cfg.decoder_layers},
         "heads": cfg.heads,
-        "encoder_self_attention": _stack(trace, "encoder", "self_attention", cfg.encoder_layers, cfg.heads),
-        "decoder_self_attention": _stack(trace, "decoder", "self_attention", cfg.decoder_layers, cfg.heads),
-        "cross_attention": _stack(trace, "decoder", "cross_attention", cfg.decoder_layers, cfg.heads),
+        "encoder_self_attention": _stack(walk.trace, "encoder", "self_attention", cfg.encoder_layers, cfg.heads),
+        "decoder_self_attention": _stack(walk.trace, "decoder", "self_attention", cfg.decoder_layers, cfg.heads),
+        "cross_attention": _stack(walk.trace, "decoder", "cross_attention", cfg.decoder_layers, cfg.heads),
         "next_tokens": rows,
-        "pad_id": PAD,
+        "pad_id": cfg.pad_id,
     }
