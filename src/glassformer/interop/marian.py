@@ -18,7 +18,6 @@ from torch import Tensor
 
 from ..errors import UsageError
 from ..model import ModelConfig
-from ..model.config import ConfigError
 from ..validation import usage_error
 
 ACTIVATIONS = {"swish": "silu", "silu": "silu", "relu": "relu"}   # Marian's name -> glassformer's
@@ -94,12 +93,7 @@ def model_config(data: object, source: str) -> ModelConfig:
                   activation=ACTIVATIONS[hf.activation_function], bias=True, head_bias=True,
                   tie_target=hf.tie_word_embeddings, share_embeddings=shared,
                   pad_id=hf.pad_token_id, bos_id=hf.decoder_start_token_id, eos_id=hf.eos_token_id)
-    try:
-        return ModelConfig(**fields)
-    except ConfigError as error:
-        raise UsageError(f"{source}: {str(error).removeprefix('ModelConfig.')}", error.field) from None
-    except ValueError as error:
-        raise UsageError(f"{source}: {str(error).removeprefix('ModelConfig.')}") from None
+    return ModelConfig.from_dict(fields, source)                      # types, ranges and limits: one line each
 
 
 def refusal(cfg: ModelConfig) -> str | None:
