@@ -330,3 +330,31 @@ def test_wrong_tensor_shape(marian_dir, tmp_path, capsys):
     tensors["model.encoder.layers.0.fc1.weight"] = torch.zeros(3, 3)
     save_file(tensors, folder / "model.safetensors")
     _refused(folder, tmp_path, capsys, "fc1.weight", "[3, 3]")
+
+
+# ---- an imported model sent back out --------------------------------------------------------------
+def test_imported_model_exports_to_transformers_and_ctranslate2(run_dir, imported, reference, tmp_path):
+    model, source, _, _ = imported
+    hf_ref, _ = reference
+    from glassformer.interop.export import export
+
+    export(run_dir, "transformers", tmp_path / "hf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf = transformers.MarianMTModel.from_pretrained(tmp_path / "hf").eval()
+        tok = transformers.MarianTokenizer.from_pretrained(tmp_path / "hf")
+    ids = tok(ZH[0]).input_ids
+    assert ids == source.encode(ZH[0])
+    tgt = torch.tensor([[model.cfg.bos_id, 4, 8]])
+    with torch.no_grad():
+        assert torch.allclose(hf(input_ids=torch.tensor([ids]), decoder_input_ids=tgt).logits,
+                              hf_ref(input_ids=torch.tensor([ids]), decoder_input_ids=tgt).logits, atol=1e-6)
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    export(run_dir, "ctranslate2", tmp_path / "ct2")
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", inter_threads=1, intra_threads=1)
+    processor = spm.SentencePieceProcessor(model_file=str(tmp_path / "ct2" / "source.spm"))
+    for zh in ZH + UNSEEN:
+        tokens = [*processor.encode(zh, out_type=str), "</s>"]                # as MarianTokenizer cuts it
+        result = translator.translate_batch([tokens], beam_size=1, max_decoding_length=30,
+                                            suppress_sequences=[["<pad>"]])[0].hypotheses[0]
+        assert [source.vocab.token_to_id(t) for t in result] == our_greedy(model, source.encode(zh), 30), zh
