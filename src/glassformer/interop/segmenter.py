@@ -29,7 +29,7 @@ def source_tokenizer(source: SourceTokenizer) -> Tokenizer:
     if source.mode != "unigram":
         raise ValueError(f"only the unigram segmenter has a tokenizers form, not {source.mode!r}")
     tokens = source.vocab.tokens
-    scores, _ = log_probs(source._words)
+    scores, _ = log_probs(source.word_counts)
     vocab = [(token, scores.get(token, OTHER_SCORE if token not in SPECIAL_TOKENS else 0.0)) for token in tokens]
     tokenizer = Tokenizer(models.Unigram(vocab, unk_id=UNK, byte_fallback=False))
     ascii_marks = [normalizers.Replace(a, b) for a, b in _ASCII_TO_FULLWIDTH.items()]

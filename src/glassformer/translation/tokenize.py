@@ -258,6 +258,11 @@ class SourceTokenizer:
             return segment_bmm(run, self._words, self._max_len)
         return segment_unigram(run, self._words, self._max_len, self._scores)
 
+    @property
+    def word_counts(self) -> dict[str, int]:
+        """The Han words the segmenter splits over, with their training counts."""
+        return dict(self._words)
+
     @staticmethod
     def is_presegmented(text: str) -> bool:
         """True if the (stripped) text contains a separator: ／, / or whitespace."""
