@@ -217,5 +217,8 @@ def explain_command(args) -> int:
         raise UsageError(f"sentence: {units} units, over the model's limit of {translator.max_source_len} "
                          "source units (shorten it)")
     walk = explain(translator, args.sentence, target=args.target, all_layers=args.all_layers, top=args.top)
-    print(json.dumps(walk, ensure_ascii=False, indent=1) if args.json else render(walk))
+    from .checkpoint import origin_summary
+
+    walk["model"] = origin_summary(_model_dir(args))
+    print(json.dumps(walk, ensure_ascii=False, indent=1) if args.json else f"model: {walk['model']}\n{render(walk)}")
     return 0
