@@ -275,7 +275,7 @@ def test_a_run_folder_is_loaded_as_the_trained_translator_with_readable_pieces(t
     save_run_files(tmp_path, cfg, {}, source, target)
     save_weights(Transformer(cfg), tmp_path / MODEL)
     lab = load_model(tmp_path, required=True)
-    assert lab.trained and lab.origin == str(tmp_path)
+    assert lab.trained and lab.origin.startswith(f"{tmp_path}: trained here (")
     r = LabAPI(lab).sentence({"source": DEFAULT_SOURCE, "target": DEFAULT_TARGET})
     assert r["model"]["trained"] is True and "已训练" in r["model"]["label"]["zh"]
     assert r["target"][1:4] == ["I", "gave", "him"]                  # decoded strings, not '▁gave'
