@@ -96,6 +96,11 @@ def _piece(target, token_id: int) -> str:
     return named.get(token_id) or target.id_to_token(token_id) or "?"
 
 
+def _readable(piece: str) -> str:
+    """A piece without its word-start mark ('▁gave' → 'gave'); specials stay as they are."""
+    return piece.replace("▁", "") or piece
+
+
 def _word(target, pieces: list[str], ids: list[int]) -> str:
     if len(pieces) == 1 and pieces[0].startswith("<"):
         return pieces[0]
@@ -151,13 +156,14 @@ def why(model, source, target, sentence: str = DEFAULT_CLEAN, target_text: str |
                      "delta": delta})
     result: dict[str, Any] = {"method": method, "contrast": contrast.strip() if contrast else None, "rows": rows}
     extra = {"units": s["units"], "translation": s["translation"], "mode": s["mode"], "finished": s["finished"],
-             "inputs": [_piece(target, t) for t in tgt_in[0].tolist()], "pieces": pieces,
+             "inputs": [_readable(_piece(target, t)) for t in tgt_in[0].tolist()],
+             "pieces": [_readable(p) for p in pieces],
              "steps": steps if method == "integrated-gradients" else None,
              "baseline": baseline_name(model) if method == "integrated-gradients" else None}
     if lens:
         r, why_row = lens_row(words, row, n)
         reading = logit_lens(model, s["src"], tgt_in, r, labels[r], c)
-        extra["lens"] = {**reading, "token": pieces[r], "contrast": result["contrast"], "why": why_row,
+        extra["lens"] = {**reading, "token": _readable(pieces[r]), "contrast": result["contrast"], "why": why_row,
                          "sees": extra["inputs"][: r + 1]}
     return {**result, "details": extra}
 
