@@ -1,7 +1,7 @@
 """The lab's JSON API, independent of HTTP: one method per endpoint, plain dicts in and out.
 
 Endpoints (documented in docs/lab.md): POST /api/trace, GET /api/block, POST /api/sentence,
-GET /api/masks, GET /api/verify, POST /api/patch, GET /api/info. Bodies are checked by glassformer.validation; bad
+GET /api/masks, GET /api/verify, POST /api/patch, POST /api/attribute, GET /api/info. Bodies are checked by glassformer.validation; bad
 input raises `ApiError` (status 400, or 413 over a limit of glassformer.limits, and the offending
 field); the server turns it into {"error": ..., "field": ...}. The model is shared by
 every request thread, so each use of it holds `LabAPI.lock` and runs under torch.inference_mode.
@@ -165,6 +165,7 @@ class LabAPI:
         "/api/masks": ("GET", "masks"),
         "/api/verify": ("GET", "verify"),
         "/api/patch": ("POST", "patch"),
+        "/api/attribute": ("POST", "attribute"),
         "/api/info": ("GET", "info"),
     }
 
@@ -265,6 +266,11 @@ class LabAPI:
         except UsageError as error:
             raise ApiError(error.status, str(error), error.field) from None
         return {"model": self.describe(lab), **finite_json(result)}
+
+    # -- POST /api/attribute (the "Why him" view: lab/attribution_api.py)
+    def attribute(self, body: Any) -> dict:
+        from .attribution_api import attribute_endpoint
+        return attribute_endpoint(self, body)
 
     # -- GET /api/info
     def info(self) -> dict:
