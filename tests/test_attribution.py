@@ -167,7 +167,8 @@ def test_why_on_the_untrained_lab_model_has_the_issues_shape(lab):
     assert set(out) == {"method", "contrast", "rows", "details"} and out["contrast"] == "her"
     assert [r["token"] for r in out["rows"]] == ["I", "gave", "him", "a", "book", "yesterday", ".", "</s>"]
     him = out["rows"][2]
-    assert him["position"] == 2 and [u for u, _ in him["source"]] == ["我", "昨天", "给", "了", "他", "一", "本", "书", "。"]
+    assert him["position"] == 2
+    assert [u for u, _ in him["source"]] == ["我", "昨天", "给", "了", "他", "一", "本", "书", "。"]
     assert [t for t, _ in him["prefix"]] == ["<s>", "I", "gave"]
     assert him["sum"] == pytest.approx(sum(v for _, v in him["source"]) + sum(v for _, v in him["prefix"]))
     assert abs(him["sum"] - him["delta"]) <= 0.05 * abs(him["delta"])
@@ -197,8 +198,9 @@ def test_sub_word_pieces_are_summed_into_their_word(tmp_path):
     assert words == ["I", "gave", "him", "a", "book", "yesterday", ".", "</s>"]
     ids = t.target.encode("I gave him a book yesterday.")
     first = len(t.target.encode("I gave him a book"))
-    a = attribute(t.model, torch.tensor([t.source.encode("我／昨天／给／了／他／一／本／书／。")]), torch.tensor([[1, *ids]]),
-                  list(range(first, first + len(pieces))), ids[first: first + len(pieces)], "input-x-gradient")
+    src = torch.tensor([t.source.encode("我／昨天／给／了／他／一／本／书／。")])
+    a = attribute(t.model, src, torch.tensor([[1, *ids]]), list(range(first, first + len(pieces))),
+                  ids[first: first + len(pieces)], "input-x-gradient")
     row = out["rows"][5]
     assert row["position"] == first
     assert [v for _, v in row["source"]] == pytest.approx(a.source.sum(0).tolist(), abs=1e-6)

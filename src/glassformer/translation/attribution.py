@@ -36,8 +36,8 @@ import torch
 from torch import Tensor
 
 from .. import limits
-from ..model import sinusoidal_positions
 from ..errors import UsageError
+from ..model import sinusoidal_positions
 from .tokenize import BOS, EOS, PAD
 
 METHODS = ("saliency", "input-x-gradient", "integrated-gradients", "attention")

@@ -209,7 +209,8 @@ def render_lens(result: dict[str, Any]) -> str:
 def add_attribute_arguments(parser) -> None:
     from .commands import _add_model
 
-    parser.add_argument("sentence", nargs="?", default=DEFAULT_CLEAN, help=f"Chinese sentence (default {DEFAULT_CLEAN})")
+    parser.add_argument("sentence", nargs="?", default=DEFAULT_CLEAN,
+                        help=f"Chinese sentence (default {DEFAULT_CLEAN})")
     parser.add_argument("--target", help="teacher-force this English target (default: the greedy output)")
     parser.add_argument("--method", choices=METHODS, default=DEFAULT_METHOD,
                         help=f"attribution method (default {DEFAULT_METHOD})")
