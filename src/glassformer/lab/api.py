@@ -3,8 +3,9 @@
 Endpoints (documented in docs/lab.md): POST /api/trace, GET /api/block, POST /api/sentence,
 GET /api/masks, GET /api/verify, POST /api/patch, POST /api/attribute, GET /api/info. Bodies are checked
 by glassformer.validation; bad input raises `ApiError` (status 400, or 413 over a limit of
-glassformer.limits, and the offending field); the server turns it into {"error": ..., "field": ...}. The model is shared by
-every request thread, so each use of it holds `LabAPI.lock` and runs under torch.inference_mode.
+glassformer.limits, and the offending field); the server turns it into {"error": ..., "field": ...}.
+The model is shared by every request thread, so each use of it holds `LabAPI.lock` and runs under
+torch.inference_mode (POST /api/attribute takes gradients: autograd on, still under the lock).
 """
 
 from __future__ import annotations
