@@ -6,13 +6,14 @@ Playwright, a failure under CI); the API's own checks are in the second half (no
 from __future__ import annotations
 
 import pytest
-import torch
 
+import test_lab_browser as shared
 from glassformer.lab.api import ApiError, LabAPI, untrained_model
 from glassformer.lab.export import write_export
-from glassformer.lab.server import make_server, serve_in_thread
 from glassformer.lesson import examples
-from test_lab_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, Page, _need_browser
+
+Page = shared.Page
+browser, lab_server = shared.browser, shared.lab_server           # the same fixtures: Chromium, the lab server
 
 WORDS = ["I", "gave", "him", "a", "book", "yesterday", ".", "</s>"]
 
@@ -22,34 +23,13 @@ def api() -> LabAPI:
     return LabAPI(untrained_model())
 
 
-@pytest.fixture(scope="module")
-def server(api):
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    srv = make_server(api, "127.0.0.1", 0)
-    serve_in_thread(srv)
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    sync_playwright = _need_browser()
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
 @pytest.mark.browser
 @pytest.mark.parametrize("locale, heading, sub", [("zh-CN", "为什么是 him", "交叉注意力"),
                                                   ("en-US", "Why him", "cross-attn")])
-def test_why_view_draws_the_map_the_contrast_and_the_lens(browser, server, api, locale, heading, sub):
+def test_why_view_draws_the_map_the_contrast_and_the_lens(browser, lab_server, api, locale, heading, sub):
     p = Page(browser, locale)
     try:
-        p.page.goto(server.url + "#why")
+        p.page.goto(lab_server.url + "#why")
         p.wait_count("whyRuns", 1)
         p.shot(f"why-{locale[:2]}")
         page = p.page
@@ -99,7 +79,6 @@ def test_the_exported_page_says_why_needs_the_server(browser, api, tmp_path):
         assert "local server" in p.page.inner_text("#view-why") and p.errors == []
     finally:
         p.close()
-    ARTIFACTS.mkdir(exist_ok=True)
 
 
 # ---- POST /api/attribute without a browser ----------------------------------------------------
