@@ -7,7 +7,7 @@
   const METHODS = ["integrated-gradients", "input-x-gradient", "saliency", "attention"];
   const SVG = "http://www.w3.org/2000/svg";
   const W = {
-    source: null, target: null, method: "integrated-gradients", contrast: "her", steps: 64, result: null, runs: 0,
+    source: null, target: null, method: "integrated-gradients", contrast: "her", steps: 128, result: null, runs: 0,
   };
 
   async function show(L) {
