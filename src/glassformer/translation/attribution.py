@@ -43,7 +43,7 @@ from .tokenize import BOS, EOS, PAD
 METHODS = ("saliency", "input-x-gradient", "integrated-gradients", "attention")
 GRADIENT_METHODS = METHODS[:3]
 DEFAULT_METHOD = "integrated-gradients"
-DEFAULT_STEPS = 128             # Gauss–Legendre nodes of integrated gradients (completeness by steps: docs/attribution.md)
+DEFAULT_STEPS = 128             # Gauss–Legendre nodes (completeness by steps: docs/attribution.md)
 CHUNK = 128                     # sentence copies per forward/backward pass (memory, not results)
 
 
