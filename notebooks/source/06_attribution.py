@@ -75,6 +75,9 @@ fig, ax = plt.subplots(figsize=(10, 4))
 heatmap(ax, table, rows=[r["token"] for r in rows], cols=units + ["│"] + columns, cmap="coolwarm",
         title=T("积分梯度：行是目标词，列是源单位 │ 这一行能看到的目标输入（空白 = 看不到）",
                 "integrated gradients: rows are target words, columns source units │ target inputs (blank = not seen)"))
+for text in ax.texts:                                                     # a cell the row cannot see: blank
+    if text.get_text() == "−∞":
+        text.set_text("")
 fig.tight_layout()
 plt.show()
 for r in rows:
@@ -145,7 +148,9 @@ ax.plot(range(len(labels)), [s["p"] for s in lens["steps"]], "o-", color="#d6452
 ax.plot(range(len(labels)), [s["p_contrast"] for s in lens["steps"]], "o-", color="#2f67c7", label="p(her)")
 ax.set_xticks(range(len(labels)), labels, fontsize=8)
 ax.set_ylabel(T("概率", "probability"))
-ax.set_title(lens["reading"], fontsize=9)
+reading_zh = ("后置归一化：每个子层的 LayerNorm 输出直接读" if lab.model.cfg.norm == "post"
+              else "前置归一化：残差流先过 decoder 最后的 LayerNorm 再读")
+ax.set_title(T(reading_zh, lens["reading"]), fontsize=9)
 ax.legend(fontsize=8)
 fig.tight_layout()
 plt.show()
