@@ -96,8 +96,9 @@ def baseline_embeddings(model, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, Ten
     cfg = model.cfg
     if baseline_name(model) == "position-only":
         table = sinusoidal_positions(cfg.max_len, cfg.d_model, torch.float64)
-        dtype = next(model.parameters()).dtype
-        return (table[: src.size(1)].to(dtype)[None], table[: tgt_in.size(1)].to(dtype)[None])
+        like = next(model.parameters())
+        table = table.to(device=like.device, dtype=like.dtype)
+        return table[: src.size(1)][None], table[: tgt_in.size(1)][None]
     pad = special_ids().pad
     with model.probes("encoder.embedding", "decoder.embedding") as rec:    # nothing masked: PAD is the input
         model(torch.full_like(src, pad), torch.full_like(tgt_in, pad), torch.zeros_like(src, dtype=torch.bool))
@@ -106,7 +107,7 @@ def baseline_embeddings(model, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, Ten
 
 def _objective(logits: Tensor, rows: Tensor, tokens: Tensor, contrast: Tensor | None) -> Tensor:
     """f for each copy b: log p(tokens[b]) at row rows[b] (− log p(contrast[b]) where contrast[b] ≥ 0)."""
-    at = torch.arange(logits.size(0))
+    at = torch.arange(logits.size(0), device=logits.device)
     logp = torch.log_softmax(logits[at, rows].double(), dim=-1)             # (copies, vocab)
     f = logp[at, tokens]
     if contrast is not None:
@@ -147,12 +148,14 @@ def gradient_attribution(model, src: Tensor, tgt_in: Tensor, rows: list[int], to
         b_src, b_tgt = torch.zeros_like(x_src), torch.zeros_like(x_tgt)
     k = len(alphas)
     # copy b = (row index b // k, node b % k)
-    row_of = torch.tensor(rows).repeat_interleave(k)
-    token_of = torch.tensor(tokens).repeat_interleave(k)
-    contrast_of = torch.tensor(contrast).repeat_interleave(k) if contrast is not None else None
+    device = x_src.device
+    row_of = torch.tensor(rows, device=device).repeat_interleave(k)
+    token_of = torch.tensor(tokens, device=device).repeat_interleave(k)
+    contrast_of = torch.tensor(contrast, device=device).repeat_interleave(k) if contrast is not None else None
+    alphas, weights = alphas.to(device), weights.to(device)
     alpha_of = alphas.repeat(len(rows))
-    g_src = torch.zeros(len(rows) * k, *x_src.shape[1:], dtype=torch.float64)
-    g_tgt = torch.zeros(len(rows) * k, *x_tgt.shape[1:], dtype=torch.float64)
+    g_src = torch.zeros(len(rows) * k, *x_src.shape[1:], dtype=torch.float64, device=device)
+    g_tgt = torch.zeros(len(rows) * k, *x_tgt.shape[1:], dtype=torch.float64, device=device)
     for start in range(0, len(row_of), CHUNK):
         part = slice(start, start + CHUNK)
         a = alpha_of[part].to(x_src.dtype)[:, None, None]                   # (copies, 1, 1)
@@ -173,14 +176,15 @@ def gradient_attribution(model, src: Tensor, tgt_in: Tensor, rows: list[int], to
         prefix = ((x_tgt - b_tgt).double() * g_tgt).sum(-1)                 # (rows, tgt)
     value, baseline = _values(model, src, tgt_in, src_pad, (x_src, x_tgt), (b_src, b_tgt) if integrated else None,
                               rows, tokens, contrast)
-    return Attribution(source, prefix, value, baseline)
+    return Attribution(source.cpu(), prefix.cpu(), value.cpu(), baseline.cpu() if baseline is not None else None)
 
 
 @torch.no_grad()
 def _values(model, src, tgt_in, src_pad, inputs, baselines, rows, tokens, contrast):
     """f at the input embeddings (and at the baseline embeddings) for each row."""
-    r, t = torch.tensor(rows), torch.tensor(tokens)
-    c = torch.tensor(contrast) if contrast is not None else None
+    device = src.device
+    r, t = torch.tensor(rows, device=device), torch.tensor(tokens, device=device)
+    c = torch.tensor(contrast, device=device) if contrast is not None else None
 
     def f(embeddings):
         return _objective(_run(model, src, tgt_in, src_pad, *embeddings).expand(len(rows), -1, -1), r, t, c)
@@ -195,8 +199,8 @@ def attention_attribution(model, src: Tensor, tgt_in: Tensor, rows: list[int],
     src_pad = model.source_padding(src) if src_pad is None else src_pad
     with model.probes("decoder.*.cross_attention.head.*.weights", "decoder.*.self_attention.head.*.weights") as rec:
         logits = model(src, tgt_in, src_pad)
-    cross = torch.stack([rec[n][0] for n in rec if ".cross_attention." in n])      # (layers·heads, tgt, src)
-    self_ = torch.stack([rec[n][0] for n in rec if ".self_attention." in n])       # (layers·heads, tgt, tgt)
+    cross = torch.stack([rec[n][0].cpu() for n in rec if ".cross_attention." in n])  # (layers·heads, tgt, src)
+    self_ = torch.stack([rec[n][0].cpu() for n in rec if ".self_attention." in n])   # (layers·heads, tgt, tgt)
     r = torch.tensor(rows)
     value = torch.full((len(rows),), float("nan"), dtype=torch.float64)
     del logits

@@ -71,7 +71,8 @@ def sentence_rows(model, source, target, sentence: str, target_text: str | None)
     limits.check("sentence: units", len(ids), "MAX_SENTENCE_TOKENS", "sentence")
     if len(ids) > limit:
         raise UsageError(f"sentence: {len(ids)} units; the model takes at most {limit}", "sentence")
-    src = torch.tensor([ids])                                               # (1, src)
+    device = next(model.parameters()).device
+    src = torch.tensor([ids], device=device)                                # (1, src)
     if target_text is None:
         out = greedy(model, src)[0]
         finished = len(out) < int(output_limits(model.source_padding(src), limit)[0])
@@ -86,7 +87,7 @@ def sentence_rows(model, source, target, sentence: str, target_text: str | None)
         raise UsageError(f"target: {len(out)} tokens; the model takes at most {limit - 1}", "target")
     inputs = [sp.bos, *out][:limit]
     labels = [*out, sp.eos] if finished else out[: len(inputs)]
-    return {"units": units, "src": src, "tgt_in": torch.tensor([inputs]), "labels": labels, "mode": mode,
+    return {"units": units, "src": src, "tgt_in": torch.tensor([inputs], device=device), "labels": labels, "mode": mode,
             "translation": target.decode(out), "finished": finished}
 
 
