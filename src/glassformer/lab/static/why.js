@@ -92,9 +92,9 @@
     const { el, t, fmt } = L;
     const lens = r.details.lens;
     const steps = lens.steps;
-    const w = 80 + 70 * steps.length, h = 230, top = 20, bottom = 170, left = 50;
+    const gap = 100, w = 90 + gap * steps.length, h = 230, top = 34, bottom = 170, left = 50;
     const peak = Math.max(1e-9, ...steps.map((s) => s.p), ...steps.map((s) => s.p_contrast || 0));
-    const x = (i) => left + 35 + 70 * i;
+    const x = (i) => left + 45 + gap * i;
     const y = (p) => bottom - (bottom - top) * (p / peak);
     const chart = svg("svg", { id: "why-lens-chart", width: w, height: h, viewBox: `0 0 ${w} ${h}`, role: "img" });
     chart.append(svg("line", { x1: left, y1: bottom, x2: w - 10, y2: bottom, stroke: "#5b6570" }),
@@ -106,9 +106,9 @@
       chart.append(svg("polyline", { fill: "none", stroke: colour, "stroke-width": 2,
         points: steps.map((s, i) => `${x(i)},${y(s[key])}`).join(" ") }));
       steps.forEach((s, i) => chart.append(svg("circle", { cx: x(i), cy: y(s[key]), r: 3, fill: colour })));
-      chart.append(svg("text", { x: w - 150, y: top + 14 * k, fill: colour, "font-size": 12 }, `p(${word})`));
+      chart.append(svg("text", { x: left + 10 + 90 * k, y: 14, fill: colour, "font-size": 12 }, `● p(${word})`));
     });
-    steps.forEach((s, i) => chart.append(svg("text", { x: x(i) - 28, y: bottom + 18, "font-size": 10 },
+    steps.forEach((s, i) => chart.append(svg("text", { x: x(i), y: bottom + 18, "font-size": 10, "text-anchor": "middle" },
       `L${s.layer} ${t("why.sub." + s.sublayer)}`)));
     const table = el("table", { class: "heat", data: { probe: "why.lens" } },
       el("thead", {}, el("tr", {}, el("th", {}), steps.map((s) => el("th", { text: `L${s.layer} ${t("why.sub." + s.sublayer)}` })))),
@@ -133,7 +133,7 @@
       `${t("sentence.model")}: ${r.model.trained ? t("trained") : t("untrained")}`), " — ", r.model.label[L.lang()]));
     root.append(el("p", { class: "note", id: "why-method-note" }, t("why.note." + r.method, { n: r.details.steps })));
     root.append(el("div", { class: "panel" }, el("h3", {}, t("why.map.heading")), el("p", { class: "note" }, t("why.map.note")),
-      attributionMap(L, r)));
+      el("div", { style: "overflow-x:auto" }, attributionMap(L, r))));
     root.append(contrastBox(L, r), lensCurve(L, r));
   }
 
