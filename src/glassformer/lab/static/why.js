@@ -57,7 +57,7 @@
     r.rows.forEach((row) => [...row.source, ...row.prefix].forEach(([, v]) => { maxAbs = Math.max(maxAbs, Math.abs(v)); }));
     const positive = r.method === "saliency" || r.method === "attention";
     const cell = (v) => el("td", { class: "num", style: heat(v, maxAbs, positive), title: String(v) }, fmt(v, 2));
-    return el("table", { class: "heat", data: { probe: "why.map" } },
+    return el("table", { class: "heat compact", data: { probe: "why.map" } },
       el("thead", {}, el("tr", {}, el("th", {}), r.details.units.map((u) => el("th", { class: "src", text: u })),
         el("th", { class: "gap" }, "│"), prefixNames.map((p) => el("th", { class: "pre", text: p })))),
       el("tbody", {}, r.rows.map((row) => el("tr", { data: { token: row.token, position: String(row.position) } },
