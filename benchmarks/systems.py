@@ -124,7 +124,7 @@ class Glassformer(System):
 
         cfg = ModelConfig(src_vocab=spec.vocab, tgt_vocab=spec.vocab, d_model=spec.d_model, heads=spec.heads,
                           d_ff=spec.d_ff, encoder_layers=spec.layers, decoder_layers=spec.layers,
-                          dropout=spec.dropout, norm="post", positions="sinusoidal",
+                          dropout=spec.dropout, norm_placement="post", positions="sinusoidal",
                           tie_target=True, max_len=spec.max_len, pad_id=PAD)
         return Transformer(cfg)
 

@@ -27,7 +27,7 @@ HIM, HER = 6, 13
 
 
 def _model(norm: str = "post", positions: str = "sinusoidal") -> Transformer:
-    cfg = ModelConfig.tiny(src_vocab=20, tgt_vocab=16, encoder_layers=2, decoder_layers=2, norm=norm,
+    cfg = ModelConfig.tiny(src_vocab=20, tgt_vocab=16, encoder_layers=2, decoder_layers=2, norm_placement=norm,
                            positions=positions)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(3)
@@ -135,7 +135,7 @@ def test_the_lens_ends_at_the_models_own_probability(model):
     assert abs(lens["steps"][-1]["p_contrast"] - float(p[HER])) < 1e-6
     assert abs(lens["p_model"] - float(p[HIM])) < 1e-12
     assert max(abs(s["p"] - float(p[HIM])) for s in lens["steps"][:-1]) > 1e-3   # earlier reads differ
-    assert ("pre-norm" in lens["reading"]) == (model.cfg.norm == "pre")
+    assert ("pre-norm" in lens["reading"]) == (model.cfg.norm_placement == "pre")
     with pytest.raises(UsageError, match="row"):
         logit_lens(model, src, tgt, len(TGT_IN), HIM)
 

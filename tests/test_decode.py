@@ -16,10 +16,10 @@ from glassformer.translation.tokenize import BOS, EOS, PAD
 
 def _model(positions: str = "sinusoidal", seed: int = 0) -> Transformer:
     torch.manual_seed(seed)
-    cfg = ModelConfig.tiny(src_vocab=40, tgt_vocab=30, positions=positions, norm="post")
+    cfg = ModelConfig.tiny(src_vocab=40, tgt_vocab=30, positions=positions, norm_placement="post")
     model = Transformer(cfg).eval()
     with torch.no_grad():                       # sharper distributions: fewer near-ties, more EOS
-        model.generator.weight.mul_(4.0)
+        model.head.weight.mul_(4.0)
     return model
 
 

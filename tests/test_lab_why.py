@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 import test_lab_browser as shared
-from glassformer.lab.api import ApiError, LabAPI, untrained_model
+from glassformer.errors import UsageError
+from glassformer.lab.api import LabAPI, untrained_model
 from glassformer.lab.export import write_export
 from glassformer.lesson import examples
 
@@ -42,7 +43,7 @@ def test_why_view_draws_the_map_the_contrast_and_the_lens(browser, lab_server, a
         him = rows.nth(2)
         assert him.locator("td.masked").count() == len(WORDS) - 3           # sees <s> I gave, not the rest
         # the page shows what the API computes for the same request (the default body)
-        expected = api.handle("POST", "/api/attribute", {})
+        expected = api.attribute({})
         top = max(expected["rows"][2]["source"], key=lambda pair: abs(pair[1]))
         assert f"{top[0]}" in page.inner_text("#why-top") and f"{top[1]:.3f}" in page.inner_text("#why-top")
         lens = page.locator('[data-probe="why.lens"] tbody tr')
@@ -84,7 +85,7 @@ def test_the_exported_page_says_why_needs_the_server(browser, api, tmp_path):
 # ---- POST /api/attribute without a browser ----------------------------------------------------
 
 def test_the_default_request_is_the_lesson_sentence_him_vs_her(api):
-    out = api.handle("POST", "/api/attribute", {})
+    out = api.attribute({})
     assert out["method"] == "integrated-gradients" and out["contrast"] == "her"
     assert [r["token"] for r in out["rows"]] == WORDS
     assert out["details"]["lens"]["row"] == 2 and out["details"]["baseline"] == "position-only"
@@ -106,8 +107,8 @@ def test_the_default_request_is_the_lesson_sentence_him_vs_her(api):
     ({"lens": True}, 400, "lens", "unknown key"),
 ])
 def test_bad_bodies_are_4xx_json_naming_the_field(api, body, status, field, words):
-    with pytest.raises(ApiError) as caught:
-        api.handle("POST", "/api/attribute", body)
+    with pytest.raises(UsageError) as caught:
+        api.attribute(body)
     error = caught.value
-    assert error.status == status and error.field == field and words in error.message
-    assert set(error.payload()) == {"error", "field"}
+    assert error.status == status and error.field == field and words in str(error)
+    assert str(error).count("\n") == 0

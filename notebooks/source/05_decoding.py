@@ -21,6 +21,7 @@ import math
 import torch
 
 from glassformer.lab.api import load_model
+from glassformer.lesson import examples
 from glassformer.translation.decode import beam_search, greedy, length_normalized, output_limits
 from glassformer.translation.tokenize import BOS, EOS
 
@@ -35,7 +36,7 @@ from glassformer.translation.tokenize import BOS, EOS
 lab = load_model(MODEL_DIR)
 model = lab.model
 print(lab.origin)
-source = "我／昨天／给／了／他／一／本／书／。"
+source = examples.in_units(examples.NINE_UNITS)                          # 我／昨天／给／了／他／一／本／书／。
 src = torch.tensor([lab.source.analyse(source).ids])                      # (1, src)
 src_pad = src == model.cfg.pad_id                                         # (1, src) True = PAD
 limit = int(output_limits(src_pad, model.cfg.max_len)[0])                 # at most 2·len + 10 tokens

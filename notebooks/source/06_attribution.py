@@ -148,7 +148,7 @@ ax.plot(range(len(labels)), [s["p"] for s in lens["steps"]], "o-", color="#d6452
 ax.plot(range(len(labels)), [s["p_contrast"] for s in lens["steps"]], "o-", color="#2f67c7", label="p(her)")
 ax.set_xticks(range(len(labels)), labels, fontsize=8)
 ax.set_ylabel(T("概率", "probability"))
-reading_zh = ("后置归一化：每个子层的 LayerNorm 输出直接读" if lab.model.cfg.norm == "post"
+reading_zh = ("后置归一化：每个子层的 LayerNorm 输出直接读" if lab.model.cfg.norm_placement == "post"
               else "前置归一化：残差流先过 decoder 最后的 LayerNorm 再读")
 ax.set_title(T(reading_zh, lens["reading"]), fontsize=9)
 ax.legend(fontsize=8)

@@ -38,7 +38,6 @@ from torch import Tensor
 from .. import limits
 from ..errors import UsageError
 from ..model import sinusoidal_positions
-from .tokenize import BOS, EOS, PAD
 
 METHODS = ("saliency", "input-x-gradient", "integrated-gradients", "attention")
 GRADIENT_METHODS = METHODS[:3]
@@ -49,16 +48,17 @@ CHUNK = 128                     # sentence copies per forward/backward pass (mem
 
 @dataclass(frozen=True)
 class Specials:
-    """The target side's special ids (one place, so per-model ids can replace the shared ones)."""
+    """The target side's special ids, in one place."""
 
     bos: int
     eos: int
     pad: int
 
 
-def special_ids(target=None) -> Specials:
-    """BOS / EOS / PAD of the target tokenizer (today the ids every tokenizer shares)."""
-    return Specials(BOS, EOS, PAD)
+def special_ids(model) -> Specials:
+    """BOS / EOS / PAD of `model` (its config's ids: an imported Marian model starts from its PAD id)."""
+    cfg = model.cfg
+    return Specials(cfg.bos_id, cfg.eos_id, cfg.pad_id)
 
 
 @dataclass
@@ -95,11 +95,11 @@ def baseline_embeddings(model, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, Ten
     """e' for the source (1, src, d) and the target inputs (1, tgt, d)."""
     cfg = model.cfg
     if baseline_name(model) == "position-only":
-        table = sinusoidal_positions(cfg.max_len, cfg.d_model, torch.float64)
+        table = sinusoidal_positions(cfg.max_len, cfg.d_model, torch.float64, cfg.position_layout)
         like = next(model.parameters())
         table = table.to(device=like.device, dtype=like.dtype)
         return table[: src.size(1)][None], table[: tgt_in.size(1)][None]
-    pad = special_ids().pad
+    pad = special_ids(model).pad
     with model.probes("encoder.embedding", "decoder.embedding") as rec:    # nothing masked: PAD is the input
         model(torch.full_like(src, pad), torch.full_like(tgt_in, pad), torch.zeros_like(src, dtype=torch.bool))
     return rec["encoder.embedding"], rec["decoder.embedding"]

@@ -13,14 +13,7 @@ from pathlib import Path
 
 from .. import limits
 from ..errors import UsageError
-
-DEFAULT_MODEL = "runs/default"
-MODEL_ENV = "GLASSFORMER_MODEL"
-
-
-def default_model_dir() -> Path:
-    """$GLASSFORMER_MODEL if set, else runs/default (the folder `make demo` trains)."""
-    return Path(os.environ.get(MODEL_ENV) or DEFAULT_MODEL)
+from ..paths import DEFAULT_MODEL, MODEL_ENV, default_model_dir
 
 
 def _model_dir(args) -> Path:

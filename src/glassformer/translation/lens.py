@@ -28,14 +28,14 @@ SUBLAYERS = ("self-attention", "cross-attention", "ffn")
 def lens_reading(model) -> str:
     """How the stream is read, in words (post-norm vs pre-norm)."""
     final = getattr(model.decoder, "norm", None) is not None
-    if model.cfg.norm == "post":
+    if model.cfg.norm_placement == "post":
         return ("post-norm: each sub-layer's LayerNorm output, read directly"
                 + (" (then the decoder's final LayerNorm)" if final else ""))
     return "pre-norm: the residual stream after each sub-layer, through the decoder's final LayerNorm"
 
 
 def _site(model, layer: int, sublayer: int) -> str:
-    part = "normed" if model.cfg.norm == "post" else "residual"
+    part = "normed" if model.cfg.norm_placement == "post" else "residual"
     return f"decoder.{layer}.sublayer.{sublayer}.{part}"
 
 

@@ -30,7 +30,7 @@ Preset = Literal["default", "large", "hsk", "anchor", "tiny"]   # the names of t
 
 # command-line option -> ModelConfig fields it sets
 MODEL_OPTIONS = {"d_model": ("d_model",), "d_ff": ("d_ff",), "heads": ("heads",),
-                 "layers": ("encoder_layers", "decoder_layers"), "norm": ("norm",)}
+                 "layers": ("encoder_layers", "decoder_layers"), "norm": ("norm_placement",)}
 
 
 @dataclass(frozen=True)

@@ -150,7 +150,7 @@ class Trainer:
     def _load(self) -> None:
         self.state = read_json(self.out / STATE)
         load_weights(self.model, self.out / "model.safetensors")
-        load_optimizer(self.optimizer, self.out / OPTIMIZER, self.model)
+        load_optimizer(self.optimizer, self.out / OPTIMIZER)
         for group in self.optimizer.param_groups:
             for p in group["params"]:
                 for k, v in self.optimizer.state.get(p, {}).items():

@@ -65,7 +65,7 @@ def contrast_id(target, word: str | None) -> int | None:
 
 def sentence_rows(model, source, target, sentence: str, target_text: str | None) -> dict[str, Any]:
     """Source units/ids, the right-shifted target inputs and the label each row predicts."""
-    sp = special_ids(target)
+    sp = special_ids(model)
     units, ids = _source(source, sentence, "sentence")
     limit = model.cfg.max_len
     limits.check("sentence: units", len(ids), "MAX_SENTENCE_TOKENS", "sentence")
@@ -91,8 +91,7 @@ def sentence_rows(model, source, target, sentence: str, target_text: str | None)
             "translation": target.decode(out), "finished": finished}
 
 
-def _piece(target, token_id: int) -> str:
-    sp = special_ids(target)
+def _piece(target, sp, token_id: int) -> str:
     named = {sp.bos: "<s>", sp.eos: "</s>", sp.pad: "<pad>"}
     return named.get(token_id) or target.id_to_token(token_id) or "?"
 
@@ -135,7 +134,8 @@ def why(model, source, target, sentence: str = DEFAULT_CLEAN, target_text: str |
     n = len(labels)
     limits.check("rows × integrated-gradients steps", n * (steps if method == "integrated-gradients" else 1),
                  "MAX_ATTRIBUTION_PASSES", "steps")
-    pieces = [_piece(target, t) for t in labels]
+    sp = special_ids(model)
+    pieces = [_piece(target, sp, t) for t in labels]
     groups = word_groups(pieces)
     firsts = {g[0] for g in groups}
     contrasts = None if c is None else [c if r in firsts else -1 for r in range(n)]
@@ -157,7 +157,7 @@ def why(model, source, target, sentence: str = DEFAULT_CLEAN, target_text: str |
                      "delta": delta})
     result: dict[str, Any] = {"method": method, "contrast": contrast.strip() if contrast else None, "rows": rows}
     extra = {"units": s["units"], "translation": s["translation"], "mode": s["mode"], "finished": s["finished"],
-             "inputs": [_readable(_piece(target, t)) for t in tgt_in[0].tolist()],
+             "inputs": [_readable(_piece(target, sp, t)) for t in tgt_in[0].tolist()],
              "pieces": [_readable(p) for p in pieces],
              "steps": steps if method == "integrated-gradients" else None,
              "baseline": baseline_name(model) if method == "integrated-gradients" else None}

@@ -114,7 +114,7 @@
       el("thead", {}, el("tr", {}, el("th", {}), steps.map((s) => el("th", { text: `L${s.layer} ${t("why.sub." + s.sublayer)}` })))),
       el("tbody", {}, series.map(([key, , word]) => el("tr", {}, el("th", { text: `p(${word})` }),
         steps.map((s) => el("td", { class: "num" }, fmt(s[key], 4)))))));
-    const reading = r.model.config.norm === "pre" ? t("why.reading.pre") : t("why.reading.post");
+    const reading = r.model.config.norm_placement === "pre" ? t("why.reading.pre") : t("why.reading.post");
     return el("div", { class: "panel", id: "why-lens" }, el("h3", {}, t("why.lens.heading", { i: lens.row, seen: lens.sees.join(" ") })),
       el("p", { class: "note" }, reading), chart, table);
   }
