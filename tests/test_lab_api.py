@@ -470,7 +470,7 @@ def test_concurrent_trace_and_sentence_requests(server, api):
 
 def test_export_is_one_self_contained_page(api, tmp_path):
     html = build_html(api)
-    assert html.count("<script") == 3 and 'src="' not in html and 'href="style.css"' not in html
+    assert html.count("<script") == 4 and 'src="' not in html and 'href="style.css"' not in html  # i18n why data app
     assert "Content-Security-Policy" in html and "default-src 'none'" in html
     data = json.loads(re.search(r"window\.LAB_EMBED = (\{.*?\});</script>", html, re.S).group(1)
                       .replace("<\\/", "</"))
