@@ -178,8 +178,8 @@ def test_why_on_the_untrained_lab_model_has_the_issues_shape(lab):
 
 def test_sub_word_pieces_are_summed_into_their_word(tmp_path):
     from glassformer.translation.checkpoint import MODEL, save_run_files, save_weights
-    from glassformer.translation.decode import Translator
     from glassformer.translation.tokenize import SourceTokenizer, TargetTokenizer
+    from glassformer.translation.translator import Translator
 
     target = TargetTokenizer.train(["I gave him a book yesterday.", "He gave me a book.", "I gave her a book."],
                                    vocab_size=120)

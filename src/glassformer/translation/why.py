@@ -17,9 +17,9 @@ import torch
 from .. import limits
 from ..errors import UsageError
 from .attribution import DEFAULT_METHOD, DEFAULT_STEPS, METHODS, attribute, baseline_name, check_steps, special_ids
-from .decode import greedy, output_limits
 from .lens import logit_lens
 from .patching import DEFAULT_CLEAN, _source
+from .search import Greedy, generate
 from .tokenize import UNK
 
 LENS_INPUT = "gave"             # the lesson's row: its newest input is `gave`, it predicts `him`
@@ -74,8 +74,8 @@ def sentence_rows(model, source, target, sentence: str, target_text: str | None)
     device = next(model.parameters()).device
     src = torch.tensor([ids], device=device)                                # (1, src)
     if target_text is None:
-        out = greedy(model, src)[0]
-        finished = len(out) < int(output_limits(model.source_padding(src), limit)[0])
+        hyp = generate(model, src, Greedy())[0][0]                           # as `glassformer translate`
+        out, finished = hyp.tokens, hyp.finished
         mode = "greedy"
     else:
         if not isinstance(target_text, str) or not target_text.strip():
@@ -229,7 +229,7 @@ def attribute_command(args) -> int:
 
     from ..inference.threads import decoding_threads
     from .commands import _device, _model_dir
-    from .decode import Translator
+    from .translator import Translator
 
     if args.row is not None and not args.lens:
         raise UsageError("--row: only with --lens (the attribution covers every row)", "row")
