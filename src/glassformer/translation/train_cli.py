@@ -1,0 +1,92 @@
+"""`glassformer train`'s flags, generated from the settings schema (settings.py): one flag per field, its
+type, choices, help text and default taken from the field; the bounds beyond a lower one are checked by
+the schema after parsing (one line naming the flag, exit 2)."""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from typing import Any, Literal
+
+from pydantic.fields import FieldInfo
+
+from ..inference.threads import usable_cores
+from .recipes import PRESETS
+from .settings import SCHEMAS, flags
+
+
+def at_least(low: int, what: str):
+    """An argparse type: an integer >= `low`, else one line saying what was expected."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+    return parse
+
+
+def _plain(annotation: Any) -> Any:
+    """`int | None` -> int; other annotations as they are."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return next(a for a in typing.get_args(annotation) if a is not type(None))
+    return annotation
+
+
+def _lowest(field: FieldInfo) -> int | None:
+    """The smallest integer a field accepts (from its gt / ge bound), None if unbounded below."""
+    for bound in field.metadata:
+        if getattr(bound, "gt", None) is not None:
+            return int(bound.gt) + 1
+        if getattr(bound, "ge", None) is not None:
+            return int(bound.ge)
+    return None
+
+
+def _kind(field: FieldInfo, switch: bool) -> dict[str, Any]:
+    """argparse keywords for a field's type: choices, an integer type with its lower bound, a float."""
+    annotation = _plain(field.annotation)
+    if annotation is bool:
+        return {"action": "store_true" if switch else argparse.BooleanOptionalAction}
+    if typing.get_origin(annotation) is Literal:
+        return {"choices": typing.get_args(annotation)}
+    if annotation is int:
+        low = _lowest(field)
+        words = {None: "an integer", 0: "an integer >= 0", 1: "a positive integer"}.get(low, f"an integer >= {low}")
+        return {"type": int if low is None else at_least(low, words)}
+    if annotation is float:
+        return {"type": float}
+    return {"metavar": "DIR"}
+
+
+def _default_text(part: str, name: str, field: FieldInfo) -> str:
+    """How the help shows a default: the schema's value, and that presets change it where one does."""
+    if name == "threads":
+        return f"the {usable_cores()} usable cores here, shared by the DDP ranks"
+    if field.default is None or name == "out":
+        return ""
+    shown = {True: "on", False: "off"}.get(field.default, field.default) if isinstance(field.default, bool) \
+        else field.default
+    changed = [p for p, values in PRESETS.items()
+               if name in (values.get("model", {}) if part == "model" else values)]
+    return f"{shown}{'; presets: ' + ', '.join(changed) if changed and name != 'preset' else ''}"
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every flag of `glassformer train` (and `python -m glassformer.train`), from the settings schema."""
+    for dest, (part, names) in flags().items():
+        field = SCHEMAS[part].model_fields[names[0]]
+        # the run's switches (--resume, --quiet) are plain switches; a setting's switch can turn a preset's off
+        keywords = _kind(field, switch=part == "run")
+        default = _default_text(part, names[0], field)
+        help_text = f"{field.description} (default {default})" if default else field.description
+        parser.add_argument(f"--{dest.replace('_', '-')}", dest=dest, default=None, help=help_text, **keywords)
+
+
+def train_command(args) -> int:
+    from .train import train
+
+    return train(args)
