@@ -51,6 +51,7 @@ from .checkpoint import (
 from .recipes import PRESETS, Data, build_source_tokenizer, prepare_data
 from .runtime import StopFlag, init_distributed, pick_device
 from .settings import TrainSettings, resolve_settings, resumed_settings, run_options
+from .train_cli import main  # noqa: F401  (`python -m glassformer.train`, the torchrun entry point)
 
 Recipe = TrainSettings      # what prepare_data reads: the settings of a run
 
@@ -240,20 +241,9 @@ class Trainer:
         self.optimizer.step()
         self.schedule.step()
         self.state["step"] += 1
-        loss_sum, stop = self._reduce(float(local), self._stop.requested)
+        loss_sum, stop = self.dist.agree(float(local), self._stop.requested, self.device)
         self.interrupted = self.interrupted or stop
         return loss_sum, total, lr
-
-    def _reduce(self, loss_sum: float, stop: bool) -> tuple[float, bool]:
-        """Sum the loss over ranks and agree on stopping (any rank asked -> all stop at this step)."""
-        if not self.dist.active:
-            return loss_sum, stop
-        import torch.distributed as dist
-
-        t = torch.tensor([loss_sum, float(stop)], dtype=torch.float64,
-                         device=self.device if self.device.type == "cuda" else "cpu")
-        dist.all_reduce(t)
-        return float(t[0]), bool(t[1] > 0)
 
     def log_step(self, epoch: int, loss_sum: float, tokens: int, lr: float) -> None:
         """A metrics.jsonl line every --log-every steps (and at a stop): this step's loss and the window's."""
@@ -338,13 +328,13 @@ class Trainer:
                 if self.dist.main:
                     print(f"interrupted at step {self.state['step']}: checkpoint saved in {self.out} "
                           "(continue with --resume)", file=sys.stderr)
-                self._finish()
+                self.dist.close()
                 return 130
             if self.state["epoch"] >= self.settings.epochs and self.settings.average > 1:
                 self.average_last()
         if self.dist.main:
             self.summary()
-        self._finish()
+        self.dist.close()
         return 0
 
     def end_epoch(self) -> None:
@@ -364,7 +354,7 @@ class Trainer:
             self.save()
             if improved:
                 save_best(self.out, self.model, {**self.state, "dev": scores})
-        self._barrier()
+        self.dist.barrier()
         self._new_window()
 
     def average_last(self) -> None:
@@ -399,43 +389,10 @@ class Trainer:
               f"best dev BLEU {self.state.get('best_bleu')} ({self.state.get('best_step')}); model in {self.out}",
               file=sys.stderr)
 
-    def _barrier(self) -> None:
-        if self.dist.active:
-            import torch.distributed as dist
-
-            dist.barrier()
-
-    def _finish(self) -> None:
-        if self.dist.active:
-            import torch.distributed as dist
-
-            dist.barrier()
-            dist.destroy_process_group()
-
 
 def train(args) -> int:
-    """Run training from parsed arguments (see commands.add_train_arguments)."""
+    """Run training from parsed arguments (see train_cli.add_train_arguments)."""
     return Trainer(args).run()
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m glassformer.train ...` (the torchrun entry point): same options as `glassformer train`."""
-    import argparse
-
-    from .train_cli import add_train_arguments
-
-    parser = argparse.ArgumentParser(prog="python -m glassformer.train", description=__doc__.splitlines()[0])
-    add_train_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        code = train(args)
-    except UsageError as error:
-        print(f"glassformer train: error: {error}", file=sys.stderr)
-        code = 2
-    except KeyboardInterrupt:
-        print("glassformer train: interrupted", file=sys.stderr)
-        code = 130
-    sys.exit(code)
 
 
 __all__ = ["Data", "Recipe", "Trainer", "build_source_tokenizer", "estimate_line", "main", "noam_lr",

@@ -5,12 +5,14 @@ the schema after parsing (one line naming the flag, exit 2)."""
 from __future__ import annotations
 
 import argparse
+import sys
 import types
 import typing
 from typing import Any, Literal
 
 from pydantic.fields import FieldInfo
 
+from ..errors import UsageError
 from ..inference.threads import usable_cores
 from .recipes import PRESETS
 from .settings import SCHEMAS, flags
@@ -90,3 +92,22 @@ def train_command(args) -> int:
     from .train import train
 
     return train(args)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m glassformer.train ...` (the torchrun entry point): same options as `glassformer train`."""
+    from .train import train
+
+    parser = argparse.ArgumentParser(prog="python -m glassformer.train",
+                                     description="train the Chinese->English translator")
+    add_train_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        code = train(args)
+    except UsageError as error:
+        print(f"glassformer train: error: {error}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        print("glassformer train: interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code)
