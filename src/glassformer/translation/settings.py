@@ -9,6 +9,7 @@ these fields (train_cli.py), and a bad value, from a flag or a saved file, is on
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -114,6 +115,7 @@ def flag_of(schema: type[Schema], name: str) -> str | None:
     return f"--{name.replace('_', '-')}" if flag == "" else flag
 
 
+@cache
 def flags() -> dict[str, tuple[str, tuple[str, ...]]]:
     """Every flag's dest -> (schema key in SCHEMAS, the fields it sets), in declaration order."""
     table: dict[str, tuple[str, tuple[str, ...]]] = {}
@@ -129,6 +131,7 @@ def flags() -> dict[str, tuple[str, tuple[str, ...]]]:
 
 
 def _where(field: str | None, source: str | None) -> str:
+    """Where a bad value came from: `source` and the key (a saved file), else the flag that sets the field."""
     if source:
         return f"{source}: {field}" if field else source
     if not field:
