@@ -98,6 +98,7 @@ def _mutations():
     return st.builds(lambda doc, changes: {**doc, **changes}, base, st.dictionaries(SPEC_KEYS, JUNK, max_size=2))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(doc=JUNK | _mutations())
 def test_generated_specs_run_or_fail_in_one_line(doc):

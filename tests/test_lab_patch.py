@@ -12,6 +12,7 @@ def api() -> LabAPI:
     return LabAPI(untrained_model())
 
 
+@pytest.mark.slow
 def test_default_patch_is_the_lesson_sentence(api):
     out = api.handle("POST", "/api/patch", {})
     cfg = out["model"]["config"]

@@ -74,6 +74,7 @@ def _lrs(out: Path) -> dict[int, float]:
     return {r["step"]: r["lr"] for r in lines if r["kind"] == "step"}
 
 
+@pytest.mark.slow
 def test_resume_continues_the_same_loss_trajectory(tmp_path):
     straight, split = tmp_path / "straight", tmp_path / "split"
     common = ("--epochs", "4", "--dropout", "0.1", "--seed", "3")
@@ -93,6 +94,7 @@ def test_resume_continues_the_same_loss_trajectory(tmp_path):
         train(_args(straight, *common))
 
 
+@pytest.mark.slow
 def test_hsk_finish_epochs_train_on_the_hsk_examples_only(tmp_path):
     """--hsk-finish 1: the last epoch's steps cover exactly the HSK examples once, no Tatoeba pair."""
     from glassformer.translation.train import Trainer
@@ -110,6 +112,7 @@ def test_hsk_finish_epochs_train_on_the_hsk_examples_only(tmp_path):
     assert tokens[2] == sum(len(e.tgt) + 1 for e in hsk)
 
 
+@pytest.mark.slow
 def test_the_run_ends_with_the_average_of_its_last_epochs_in_best(tmp_path):
     """--average 2: best/ holds the element-wise mean of the last two epoch checkpoints, with or without a
     dev score (a single noisy dev number does not veto the average)."""
@@ -132,6 +135,7 @@ def test_the_run_ends_with_the_average_of_its_last_epochs_in_best(tmp_path):
     assert all(torch.equal(latest[k], b[k]) for k in b)
 
 
+@pytest.mark.slow
 def test_bfloat16_training_keeps_fp32_weights_and_adam_state_and_a_close_loss(tmp_path):
     """--dtype bfloat16: autocast around forward and loss only. After 8 steps the weights and Adam's moments
     are float32, the loss is within 0.2% of the float32 run's (measured here: at most 0.02%), the checkpoint loads

@@ -94,6 +94,7 @@ def test_env_variable_picks_the_model(model_dir, tmp_path, capsys, monkeypatch):
     assert code == 0 and len(out.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_subprocess_exit_status_without_traceback(model_dir):
     src = str(Path(__file__).resolve().parents[1] / "src")
     env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
@@ -126,6 +127,7 @@ def test_explain_shows_the_gave_row(model_dir, capsys, monkeypatch):
     assert code == 0 and "row 0: sees <s>" in text
 
 
+@pytest.mark.slow
 def test_evaluate_prints_bleu_and_chrf_with_signatures(model_dir, capsys, monkeypatch):
     code, out, _ = _run(capsys, monkeypatch, ["evaluate", "--model", str(model_dir), "--split", "dev",
                                               "--input", "gold", "--json"])
