@@ -100,6 +100,7 @@ def test_greedy_tokens_are_the_argmax_of_a_full_recomputation(name):
     assert torch.equal(logits.argmax(-1), out)
 
 
+@pytest.mark.slow
 def test_beam_loop_of_width_one_is_greedy():
     system = make_system("torch", TINY, seed=2)
     src = torch.randint(4, TINY.vocab, (2, 5))

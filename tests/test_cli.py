@@ -39,6 +39,7 @@ def test_no_command_prints_help_and_exits_2(capsys):
 BLOCK = json.dumps(block_spec())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("raw, words", [
     (BLOCK.encode("utf-16"), ["UTF-16"]),
     (BLOCK.encode("utf-8").replace(b'"x"', b'"\xff"'), ["not UTF-8", "0xff"]),
