@@ -77,7 +77,8 @@ def test_the_flags_are_the_schema_fields_with_their_help(capsys):
         assert flag in text, flag
     assert "--max-len" not in text and "--encoder-layers" not in text and "--no-resume" not in text
     assert f"the {usable_cores()} usable cores here" in text and "default 2," not in text
-    assert "Noam warm-up steps (default 800; presets: tiny, anchor, hsk)" in text
+    assert "Noam warm-up steps (default 800; tiny 50; anchor 400; hsk 400)" in text       # what each preset uses
+    assert "add the Tatoeba training pairs (default on; tiny off; anchor off; hsk off)" in text
 
 
 def test_out_naming_a_file_or_a_path_under_a_file(tmp_path, capsys):

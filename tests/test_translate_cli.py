@@ -164,6 +164,7 @@ def _known_units(model_dir, n):
     return units[:n]
 
 
+@pytest.mark.slow
 def test_patch_json_has_a_heads_by_layers_table(model_dir, capsys, monkeypatch):
     a, b, c = _known_units(model_dir, 3)
     code, out, err = _run(capsys, monkeypatch, ["patch", f"{a}／{b}／{c}", "--corrupt", f"{a}／{c}／{c}",

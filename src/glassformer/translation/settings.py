@@ -49,7 +49,7 @@ class ModelSettings(Schema):
 class TrainSettings(Schema):
     """Everything that decides a training run: the model, the data, the schedule, the seed."""
 
-    preset: Preset = knob("default", "the recipe these settings started from (recipes.PRESETS)")
+    preset: Preset = knob("default", "the recipe to start from (recipes.PRESETS; its note is printed at the start)")
     model: ModelSettings = Field(default_factory=ModelSettings)
     epochs: int = knob(10, "epochs", resume=True, gt=0)
     max_tokens: int = knob(1024, "padded tokens per batch per rank", gt=0)

@@ -15,7 +15,7 @@ from pydantic.fields import FieldInfo
 from ..errors import UsageError
 from ..inference.threads import usable_cores
 from .recipes import PRESETS
-from .settings import SCHEMAS, flags
+from .settings import SCHEMAS, flags, preset_settings
 
 
 def at_least(low: int, what: str):
@@ -64,17 +64,21 @@ def _kind(field: FieldInfo, switch: bool) -> dict[str, Any]:
     return {"metavar": "DIR"}
 
 
+def _shown(value: Any) -> str:
+    return {True: "on", False: "off"}[value] if isinstance(value, bool) else str(value)
+
+
 def _default_text(part: str, name: str, field: FieldInfo) -> str:
-    """How the help shows a default: the schema's value, and that presets change it where one does."""
+    """How the help shows a default: the value `glassformer train` uses (the `default` preset's), then the
+    presets that set another value."""
     if name == "threads":
         return f"the {usable_cores()} usable cores here, shared by the DDP ranks"
-    if field.default is None or name == "out":
-        return ""
-    shown = {True: "on", False: "off"}.get(field.default, field.default) if isinstance(field.default, bool) \
-        else field.default
-    changed = [p for p, values in PRESETS.items()
-               if name in (values.get("model", {}) if part == "model" else values)]
-    return f"{shown}{'; presets: ' + ', '.join(changed) if changed and name != 'preset' else ''}"
+    if part == "run" or name == "preset":
+        return "" if field.default is None or name == "out" else _shown(field.default)
+    values = {p: preset_settings(p) for p in PRESETS}
+    values = {p: getattr(s.model if part == "model" else s, name) for p, s in values.items()}
+    others = [f"{p} {_shown(v)}" for p, v in values.items() if v != values["default"]]
+    return "" if values["default"] is None else _shown(values["default"]) + "".join(f"; {o}" for o in others)
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
