@@ -130,7 +130,7 @@ class Trainer:
 
             self.loss_module = DistributedDataParallel(
                 self.loss_module, device_ids=[self.device.index] if self.device.type == "cuda" else None)
-        self.interrupted = False
+        self.interrupted, self._stop = False, StopFlag()          # Ctrl-C / SIGTERM: stop at a clean step
 
     def _open_run(self, args) -> tuple[TrainSettings, dict | None]:
         """The settings (saved ones on --resume) and the saved vocabularies (None for a new run)."""
@@ -316,7 +316,7 @@ class Trainer:
         self._cpu0, self._cpu_start = self.state.get("cpu_seconds", 0.0), time.process_time()
         self._first_step = self.state["step"]
         self._new_window()
-        with StopFlag() as self._stop:
+        with self._stop:
             while self.state["epoch"] < self.settings.epochs and not self.reached_max_steps():
                 if not self.train_epoch():
                     break
