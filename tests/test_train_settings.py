@@ -105,6 +105,8 @@ def test_resume_of_nothing_says_so(tmp_path, capsys):
     ("--source-pieces", "999999999", ["--source-pieces", "262144"]),
     ("--bpe-vocab", "999999999", ["--bpe-vocab", "262144"]),
     ("--source-pieces", "50", ["--source-pieces", "distinct characters"]),
+    ("--d-model", "99999", ["--d-model", "99,999", "MAX_D_MODEL"]),
+    ("--layers", "100", ["--layers", "MAX_LAYERS"]),
 ])
 def test_bad_options_are_one_line(tmp_path, capsys, option, value, words):
     one_line_exit_2([*TINY, "--out", str(tmp_path / "run"), option, value], capsys, *words)

@@ -157,9 +157,11 @@ def check_settings(data: Any, source: str | None = None) -> TrainSettings:
     """`data` (a dict) as TrainSettings, or one UsageError naming the flag (or `source` and the key)."""
     settings = _checked(TrainSettings, data, source)
     try:
-        ModelConfig.from_dict(settings.model.model_dump(), "model settings")
-    except UsageError as error:
-        raise UsageError(f"{source + ': ' if source else ''}{error}", error.field) from None
+        ModelConfig.from_dict(settings.model.model_dump(), "model")
+    except UsageError as error:                             # a size over its limit (limits.py), checked before any
+        field = error.field if error.field in ModelSettings.model_fields else None       # tensor is made
+        where = f"{source}: model" if source else (flag_of(ModelSettings, field) if field else None) or "model"
+        raise UsageError(f"{where}: {str(error).removeprefix('model: ')}", error.field) from None
     return settings
 
 
