@@ -75,18 +75,18 @@ def test_glass_path_is_the_formula():
     glass = glass.double()
     with torch.no_grad(), probes(glass, "head.*.weights") as trace:
         out = glass(x)
-        w, bias = glass.in_proj.weight, glass.in_proj.bias
+        wq, wk, wv = glass.w_q, glass.w_k, glass.w_v
         heads = []
         for h in range(3):
-            q = x[0] @ w[h * 4:(h + 1) * 4].T + bias[h * 4:(h + 1) * 4]
-            k = x[0] @ w[12 + h * 4: 12 + (h + 1) * 4].T + bias[12 + h * 4: 12 + (h + 1) * 4]
-            v = x[0] @ w[24 + h * 5: 24 + (h + 1) * 5].T + bias[24 + h * 5: 24 + (h + 1) * 5]
+            q = x[0] @ wq.weight[h * 4:(h + 1) * 4].T + wq.bias[h * 4:(h + 1) * 4]
+            k = x[0] @ wk.weight[h * 4:(h + 1) * 4].T + wk.bias[h * 4:(h + 1) * 4]
+            v = x[0] @ wv.weight[h * 5:(h + 1) * 5].T + wv.bias[h * 5:(h + 1) * 5]
             s = q @ k.T / math.sqrt(4)
             a = torch.exp(s - s.max(dim=1, keepdim=True).values)
             a = a / a.sum(dim=1, keepdim=True)
             assert torch.allclose(trace[f"head.{h}.weights"][0], a, atol=1e-12)
             heads.append(a @ v)
-        expected = torch.cat(heads, dim=1) @ glass.out_proj.weight.T + glass.out_proj.bias
+        expected = torch.cat(heads, dim=1) @ glass.w_o.weight.T + glass.w_o.bias
     assert torch.allclose(out[0], expected, atol=1e-12)
     weights = trace["head.0.weights"][0]
     assert torch.allclose(weights.sum(dim=-1), torch.ones(6, dtype=torch.float64))   # rows sum to 1
@@ -103,7 +103,7 @@ def test_row_without_visible_key_gives_zeros_not_nan(path, dtype):
     with probes(mha, "head.*.weights" if path == "glass" else "output") as trace:
         out = mha(x, mask=mask)
     assert torch.isfinite(out.float()).all()
-    bias_only = mha.out_proj.bias.to(dtype)
+    bias_only = mha.w_o.bias.to(dtype)
     assert torch.allclose(out[0, 2].float(), bias_only.float())  # zero head outputs -> only the W^O bias
     if path == "glass":
         assert torch.all(trace["head.0.weights"][0, 2] == 0)
@@ -122,7 +122,7 @@ def test_switched_off_head_removes_exactly_its_contribution():
             full = glass(x)
         with intervene(glass, off), probes(glass) as t_off:
             switched = glass(x)
-    w_o = glass.out_proj.weight                            # (d, H*d_v)
+    w_o = glass.w_o.weight                                 # (d, H*d_v)
     head1 = t_all["head.1.output"] @ w_o[:, 5:10].T        # head 1's share of W^O's output
     assert torch.allclose(full - switched, head1, atol=1e-12)
     assert torch.all(t_off["concat"][..., 5:10] == 0)
@@ -176,8 +176,9 @@ def test_unscaled_scores_switch():
     assert cfg.scale_scores
     mha = SelfAttention(4, 1, 4, 4, scale=False, path="glass").double()
     with torch.no_grad():
-        mha.in_proj.weight.copy_(torch.eye(4).repeat(3, 1))
-        mha.in_proj.bias.zero_()
+        for w in (mha.w_q, mha.w_k, mha.w_v):
+            w.weight.copy_(torch.eye(4))
+            w.bias.zero_()
     x = torch.tensor([[[1.0, 0, 1, 0], [0, 1, 0, 2]]], dtype=torch.float64)
     with probes(mha, "head.0.*") as t:
         mha(x)
@@ -185,15 +186,14 @@ def test_unscaled_scores_switch():
     assert t["head.0.scores"][0].tolist() == [[2.0, 0.0], [0.0, 5.0]]
 
 
-def test_cross_attention_loads_the_fused_in_proj_layout():
-    """Checkpoints store cross-attention as one in_proj [W^Q | W^K | W^V]: its rows land in q_proj / kv_proj."""
-    fused = torch.randn(3 * (4 + 4 + 5), 12)              # (H(2 d_k + d_v), d)
-    bias = torch.randn(3 * (4 + 4 + 5))
-    mha = CrossAttention(12, 3, 4, 5)
-    mha.load_state_dict({"in_proj.weight": fused, "in_proj.bias": bias,
-                         "out_proj.weight": mha.out_proj.weight.detach(), "out_proj.bias": mha.out_proj.bias.detach()})
-    assert torch.equal(mha.q_proj.weight, fused[:12]) and torch.equal(mha.kv_proj.weight, fused[12:])
-    assert torch.equal(mha.q_proj.bias, bias[:12]) and torch.equal(mha.kv_proj.bias, bias[12:])
+def test_self_and_cross_attention_name_their_projections_alike():
+    """W^Q, W^K, W^V, W^O are four nn.Linear modules, laid out the same way in self- and cross-attention."""
+    shapes = {}
+    for kind in (SelfAttention(12, 3, 4, 5), CrossAttention(12, 3, 4, 5)):
+        shapes[type(kind).__name__] = {name: tuple(p.shape) for name, p in kind.named_parameters()}
+    assert shapes["SelfAttention"] == shapes["CrossAttention"] == {
+        "w_q.weight": (12, 12), "w_q.bias": (12,), "w_k.weight": (12, 12), "w_k.bias": (12,),
+        "w_v.weight": (15, 12), "w_v.bias": (15,), "w_o.weight": (12, 15), "w_o.bias": (12,)}
 
 
 def test_head_hooks_switch_to_the_math_backend_and_back(monkeypatch):
@@ -228,7 +228,7 @@ def test_patching_a_head_output_from_another_run():
             out_b = glass(xb)
         with intervene(glass, {"head.0.output": lambda v, n: clean[n]}):
             patched = glass(xb)
-    w_o = glass.out_proj.weight[:, :5]                                 # head 0's columns of W^O
+    w_o = glass.w_o.weight[:, :5]                                 # head 0's columns of W^O
     want = out_b + (clean["head.0.output"] - corrupt["head.0.output"]) @ w_o.T
     assert torch.allclose(patched, want, atol=1e-12)
 

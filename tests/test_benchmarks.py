@@ -175,7 +175,7 @@ def test_gpu_flops_count_is_six_per_weight_per_token_plus_attention():
 @pytest.mark.parametrize("positions", ["sinusoidal", "learned", "relative", "rope"])
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_packed_loss_and_gradients_equal_padded(positions, norm):
-    cfg = ModelConfig.tiny(src_vocab=40, tgt_vocab=50, positions=positions, norm=norm)
+    cfg = ModelConfig.tiny(src_vocab=40, tgt_vocab=50, positions=positions, norm_placement=norm)
     model = Transformer(cfg).double()
     src = torch.randint(4, 40, (4, 7))
     src[1, 4:] = PAD

@@ -40,13 +40,13 @@ def test_atomic_write_keeps_the_old_file_on_failure(tmp_path):
 
 def test_weights_round_trip_with_tied_embedding(tmp_path):
     a, b = _tiny(), _tiny()
-    assert not torch.equal(a.generator.weight, b.generator.weight)
+    assert not torch.equal(a.head.weight, b.head.weight)
     ck.save_weights(a, tmp_path / ck.MODEL)
     assert _is_safetensors(tmp_path / ck.MODEL)
     ck.load_weights(b, tmp_path / ck.MODEL)
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
         assert torch.equal(x, y), name
-    assert b.generator.weight.data_ptr() == b.tgt_embed.token.weight.data_ptr()   # still tied
+    assert b.head.weight.data_ptr() == b.tgt_embed.token.weight.data_ptr()   # still tied
     wrong = Transformer(ModelConfig.tiny(src_vocab=51, tgt_vocab=40))
     with pytest.raises((ValueError, RuntimeError)):
         ck.load_weights(wrong, tmp_path / ck.MODEL)
@@ -139,46 +139,22 @@ def test_average_into_is_the_elementwise_mean(tmp_path):
     ck.average_into(avg, [tmp_path / "a.safetensors", tmp_path / "b.safetensors"])
     torch.testing.assert_close(avg.encoder.layers[0].ffn.w_1.weight,
                                (a.encoder.layers[0].ffn.w_1.weight + b.encoder.layers[0].ffn.w_1.weight) / 2)
-    torch.testing.assert_close(avg.generator.weight, (a.generator.weight + b.generator.weight) / 2)
+    torch.testing.assert_close(avg.head.weight, (a.head.weight + b.head.weight) / 2)
 
 
-def test_a_run_saved_with_fused_cross_attention_resumes_exactly():
-    """tests/data/legacy: a tiny run (two Adam steps) written when cross-attention kept one fused in_proj,
-    and its parameters after one more step. Loaded now, one more step gives the same parameters."""
-    from pathlib import Path
-
-    from safetensors.torch import load_file
-
-    from glassformer.model import ModelConfig, Transformer
-    from glassformer.translation.checkpoint import load_optimizer, load_weights
-
-    folder = Path(__file__).parent / "data" / "legacy"
-    cfg = ModelConfig(src_vocab=7, tgt_vocab=7, d_model=8, heads=2, d_ff=16, encoder_layers=1, decoder_layers=1,
-                      dropout=0.0, max_len=16)
-    model = Transformer(cfg)
-    load_weights(model, folder / "model.safetensors")
-    opt = torch.optim.Adam(model.parameters(), lr=0.01, betas=(0.9, 0.98), eps=1e-9)
-    load_optimizer(opt, folder / "optimizer.safetensors", model)
-    src, tgt = torch.tensor([[3, 4, 5, 6], [4, 5, 0, 0]]), torch.tensor([[1, 3, 4], [1, 5, 0]])
-    labels = torch.tensor([[3, 4, 2], [5, 2, 0]])
-    total, n = model.loss(src, tgt, labels)
-    (total / n).backward()
-    opt.step()
-    want = Transformer(cfg)
-    missing, unexpected = want.load_state_dict(load_file(folder / "after_one_more_step.safetensors"), strict=False)
-    assert missing == ["generator.weight"] and not unexpected                # the head is tied to tgt_embed
-    for (name, got), (_, expected) in zip(model.named_parameters(), want.named_parameters(), strict=True):
-        if name.endswith(("self_attention.in_proj.bias", "cross_attention.kv_proj.bias")):
-            rows = slice(cfg.d_model, 2 * cfg.d_model) if "in_proj" in name else slice(0, cfg.d_model)
-            got, expected = got.detach().clone(), expected.detach().clone()
-            got[rows] = expected[rows] = 0       # K biases: no gradient but rounding noise, which Adam amplifies
-        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5, msg=name)
-
-
-def test_configs_of_earlier_folders_load_without_their_retired_fields():
+def test_a_folder_of_the_earlier_layout_is_one_line_saying_to_retrain():
+    from glassformer.errors import UsageError
     from glassformer.model import ModelConfig
 
-    cfg = ModelConfig.from_dict({**ModelConfig.tiny().to_dict(), "activation": "relu", "extra": {}})
-    assert cfg == ModelConfig.tiny()
+    earlier = {**ModelConfig.tiny().to_dict(), "norm": "post"}
+    del earlier["norm_placement"]
+    with pytest.raises(UsageError, match="earlier glassformer layout.*glassformer train") as info:
+        ModelConfig.from_dict(earlier)
+    assert "\n" not in str(info.value)
+
+
+def test_config_rejects_unknown_fields():
+    from glassformer.model import ModelConfig
+
     with pytest.raises(ValueError, match="unknown field 'activations'"):
         ModelConfig.from_dict({**ModelConfig.tiny().to_dict(), "activations": "relu"})

@@ -15,7 +15,7 @@ from glassformer.inference import (
     use_threads,
 )
 from glassformer.model import ModelConfig, Transformer
-from glassformer.translation.decode import beam_search, greedy
+from glassformer.translation.search import beam_search, greedy
 
 POSITIONS = ["sinusoidal", "learned", "relative", "rope", "none"]
 
@@ -47,7 +47,7 @@ def stepped(decoder, m, src, tgt):
 @pytest.mark.parametrize("onednn", [False, ONEDNN])
 @pytest.mark.parametrize("rows", [1, 6])                                   # few rows: W^T; from 4: blocked W
 def test_step_logits_equal_the_model_path(positions, norm, onednn, rows):
-    m = model(positions=positions, norm=norm, d_k=6, d_v=10)
+    m = model(positions=positions, norm_placement=norm, d_k=6, d_v=10)
     src = source()[:rows]
     tgt = torch.randint(4, 50, (rows, 9), generator=torch.Generator().manual_seed(2))
     want = stepped(m, m, src, tgt)
@@ -61,7 +61,7 @@ def test_step_logits_equal_the_model_path(positions, norm, onednn, rows):
 @pytest.mark.parametrize("positions", POSITIONS)
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_greedy_and_beam_tokens_are_identical(positions, norm):
-    m = model(positions=positions, norm=norm)
+    m = model(positions=positions, norm_placement=norm)
     src = source()
     decoder = StepDecoder(m)
     assert greedy(decoder, src, max_len=12) == greedy(m, src, max_len=12)
@@ -80,7 +80,7 @@ def test_a_source_of_only_pad_reads_zeros_from_cross_attention():
         original = decoder._cross_attention
         decoder._cross_attention = lambda *a: calls.append((out := original(*a)).clone()) or out  # summed in place
         decoder.decode_step(torch.ones(6, 1, dtype=torch.long), memory, src == 0, cache)
-    bias = m.decoder.layers[0].cross_attention.out_proj.bias
+    bias = m.decoder.layers[0].cross_attention.w_o.bias
     assert torch.allclose(calls[0][2], bias) and not torch.allclose(calls[0][0], bias)
 
 
@@ -147,8 +147,8 @@ def test_the_model_package_holds_no_speed_tricks():
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_encoder_on_prepared_weights_equals_the_model_encoder(norm):
-    m = model(norm=norm, positions="relative")
+    m = model(norm_placement=norm, positions="relative")
     src = source()
     with torch.no_grad():
         torch.testing.assert_close(StepDecoder(m).encode(src), m.encode(src), atol=1e-5, rtol=1e-5)
-        assert m.encoder.layers[0].self_attention.in_proj.weight.requires_grad   # the model itself is untouched
+        assert m.encoder.layers[0].self_attention.w_q.weight.requires_grad   # the model itself is untouched

@@ -11,21 +11,23 @@ D, H, FF = 16, 4, 40
 
 
 def cfg(norm: str, **kw) -> ModelConfig:
-    return ModelConfig(d_model=D, heads=H, d_ff=FF, dropout=0.0, norm=norm, src_vocab=30, tgt_vocab=30,
+    return ModelConfig(d_model=D, heads=H, d_ff=FF, dropout=0.0, norm_placement=norm, src_vocab=30, tgt_vocab=30,
                        encoder_layers=2, decoder_layers=2, **kw)
 
 
 def copy_attention(ours, theirs: nn.MultiheadAttention) -> None:
-    """nn.MultiheadAttention's fused [W^Q | W^K | W^V] rows; cross-attention splits them into q_proj / kv_proj."""
-    ours.load_state_dict({"in_proj.weight": theirs.in_proj_weight.data, "in_proj.bias": theirs.in_proj_bias.data,
-                          "out_proj.weight": theirs.out_proj.weight.data, "out_proj.bias": theirs.out_proj.bias.data})
+    """nn.MultiheadAttention's fused [W^Q | W^K | W^V] rows into our W^Q, W^K, W^V; out_proj into W^O."""
+    w, b = theirs.in_proj_weight.data.chunk(3), theirs.in_proj_bias.data.chunk(3)
+    ours.load_state_dict({"w_q.weight": w[0], "w_k.weight": w[1], "w_v.weight": w[2],
+                          "w_q.bias": b[0], "w_k.bias": b[1], "w_v.bias": b[2],
+                          "w_o.weight": theirs.out_proj.weight.data, "w_o.bias": theirs.out_proj.bias.data})
 
 
 def copy_linear_norms(ours, theirs, norms: list[str]) -> None:
     ours.ffn.w_1.load_state_dict(theirs.linear1.state_dict())
     ours.ffn.w_2.load_state_dict(theirs.linear2.state_dict())
     for i, name in enumerate(norms):
-        ours.sublayer[i].norm.load_state_dict(getattr(theirs, name).state_dict())
+        ours.sublayer[i].layer_norm.load_state_dict(getattr(theirs, name).state_dict())
 
 
 def randomise(module: nn.Module) -> None:

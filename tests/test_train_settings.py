@@ -33,11 +33,12 @@ def test_every_preset_is_a_typed_choice():
 
 # The full settings each preset stood for when every preset still listed every knob: a preset is now only
 # what it changes of the schema defaults, and must still come to the same run.
-MODEL_128 = dict(d_model=128, heads=4, d_ff=512, encoder_layers=2, decoder_layers=2, max_len=128, norm="post")
+MODEL_128 = dict(d_model=128, heads=4, d_ff=512, encoder_layers=2, decoder_layers=2, max_len=128,
+                 norm_placement="post")
 EXTRAS = dict(glosses=True, char_fallback=True, source_units="raw")
 BEFORE = {
     "tiny": dict(model=dict(d_model=32, heads=4, d_ff=64, encoder_layers=2, decoder_layers=2, dropout=0.0, max_len=64,
-                            norm="post"),
+                            norm_placement="post"),
                  epochs=1, max_tokens=512, lr_factor=1.0, warmup=50, bpe_vocab=300, glosses=False, source_units="raw",
                  char_fallback=False, average=1, tatoeba=False, hsk_repeat=1),
     "anchor": dict(model=dict(MODEL_128, dropout=0.1), epochs=30, max_tokens=1024, lr_factor=0.5, warmup=400,
@@ -186,11 +187,11 @@ def test_the_time_estimate_is_seconds_per_step_times_steps_left():
 
 def _old_format(run: Path) -> None:
     """config.json's "train" as runs written before the one settings schema have it: the model's dropout also
-    at the top level, no "dtype", no "norm" in the model part."""
+    at the top level, no "dtype", no "norm_placement" in the model part."""
     config = json.loads((run / "config.json").read_text())
     train = config["train"]
     train.pop("dtype")
-    train["model"].pop("norm")
+    train["model"].pop("norm_placement")
     train["dropout"] = train["model"]["dropout"]
     (run / "config.json").write_text(json.dumps(config))
 

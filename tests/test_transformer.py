@@ -34,7 +34,7 @@ def batch(b=3, s=7, t=6):
 @pytest.mark.parametrize("positions", POSITIONS)
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_teacher_forced_equals_step_by_step_with_and_without_cache(positions, norm):
-    m = model(positions=positions, norm=norm)
+    m = model(positions=positions, norm_placement=norm)
     src, tgt = batch()
     src[1, 5:] = 0
     with torch.no_grad():
@@ -126,7 +126,7 @@ def test_layernorm_is_per_token_and_ffn_per_row():
     with torch.no_grad():
         for f in (lambda h: norm(h, ffn), ffn):
             assert torch.allclose(f(x)[0, keep], f(y)[0, keep], atol=1e-6)
-        out = norm.norm(x)
+        out = norm.layer_norm(x)
     assert torch.allclose(out.mean(-1), torch.zeros(2, 5), atol=1e-6)    # over the d features of one row
     assert torch.allclose(out.var(-1, unbiased=False), torch.ones(2, 5), atol=1e-3)
 
@@ -197,9 +197,9 @@ def test_loss_counts_only_real_labels_and_matches_full_cross_entropy():
 
 def test_tied_target_embedding_and_output_layer():
     m = model()
-    assert m.generator.weight is m.tgt_embed.token.weight
+    assert m.head.weight is m.tgt_embed.token.weight
     untied = model(tie_target=False)
-    assert untied.generator.weight is not untied.tgt_embed.token.weight
+    assert untied.head.weight is not untied.tgt_embed.token.weight
 
 
 def test_base_preset_sizes():
@@ -225,7 +225,8 @@ def test_families_share_layers_and_differ_in_visibility():
     assert torch.allclose(steps, dec(ids), atol=1e-5)
 
 
-@pytest.mark.parametrize("field,value", [("d_model", 0), ("heads", -1), ("norm", "middle"),
+@pytest.mark.parametrize("field,value", [("d_model", 0), ("heads", -1), ("norm_placement", "middle"),
+                                         ("activation", "gelu"), ("position_layout", "zigzag"), ("eos_id", 1000),
                                          ("positions", "fourier"), ("dropout", 1.5), ("family", "rnn"),
                                          ("eps", 0.0)])
 def test_config_rejects_bad_values_naming_the_field(field, value):
@@ -234,7 +235,7 @@ def test_config_rejects_bad_values_naming_the_field(field, value):
 
 
 def test_config_json_round_trip_and_unknown_field():
-    cfg = ModelConfig.tiny(positions="rope", norm="pre")
+    cfg = ModelConfig.tiny(positions="rope", norm_placement="pre")
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match="colour"):
         ModelConfig.from_dict({**cfg.to_dict(), "colour": 1})
@@ -269,7 +270,7 @@ def test_one_row_steps_equal_teacher_forcing_with_an_all_pad_source_and_a_head_o
     """The one-query step path: PAD keys hidden, a source of only PAD reads zeros, a switched-off head adds
     nothing, d_k != d_v, RoPE/relative positions of the newest row, both norm placements and both paths."""
     torch.manual_seed(0)
-    m = model(positions=positions, norm=norm, attention_path=path, d_k=6, d_v=10)
+    m = model(positions=positions, norm_placement=norm, attention_path=path, d_k=6, d_v=10)
     src, tgt = batch(b=4)
     src[1, 4:] = 0
     src[2, :] = 0                                                          # nothing to read at all
@@ -304,7 +305,7 @@ def test_a_step_without_the_encoder_output_is_refused_not_read_as_self_attention
 
 
 def test_probe_names_are_the_documented_ones_in_forward_order():
-    m = model(norm="pre")
+    m = model(norm_placement="pre")
     names = m.hook_names()
     assert names[0] == "encoder.embedding" and names[-3:] == ["decoder.1.output", "decoder.output", "logits"]
     for name in ("encoder.0.self_attention.head.3.scaled_scores", "encoder.1.sublayer.1.normed",
@@ -350,3 +351,38 @@ def test_activation_patching_restores_the_clean_run_exactly():
             patched = m(corrupt, tgt)
     assert (moved - want).abs().max() > 1e-3
     torch.testing.assert_close(patched, want, atol=1e-12, rtol=0)
+
+
+def test_sinusoidal_halves_layout_is_sines_then_cosines():
+    """Marian's table: channel r < d/2 is sin(p / 10000^(2r/d)), channel d/2 + r the cosine of the same angle."""
+    from glassformer.model.positions import sinusoidal_positions
+
+    n, d = 7, 10
+    table = sinusoidal_positions(n, d, torch.float64, layout="halves")
+    for p in range(n):
+        for r in range(d // 2):
+            angle = p / 10000 ** (2 * r / d)
+            assert abs(table[p, r] - math.sin(angle)) < 1e-12 and abs(table[p, d // 2 + r] - math.cos(angle)) < 1e-12
+    interleaved = sinusoidal_positions(n, d, torch.float64)
+    assert torch.equal(interleaved[:, 0::2], table[:, : d // 2])
+    assert torch.equal(interleaved[:, 1::2], table[:, d // 2:])
+
+
+def test_silu_head_bias_and_shared_embeddings_switches():
+    cfg = ModelConfig.tiny(src_vocab=40, tgt_vocab=40, activation="silu", head_bias=True, share_embeddings=True)
+    m = Transformer(cfg)
+    assert m.src_embed.token.weight is m.tgt_embed.token.weight is m.head.weight
+    with torch.no_grad():
+        m.head.bias.copy_(torch.arange(40.0))
+        x = torch.randn(2, 3, cfg.d_model)
+        ffn = m.encoder.layers[0].ffn
+        want = ffn.w_2(torch.sigmoid(ffn.w_1(x)) * ffn.w_1(x))                 # SiLU written out
+        assert torch.allclose(ffn(x), want, atol=1e-6)
+        assert torch.allclose(m.logits(x), x @ m.head.weight.T + torch.arange(40.0), atol=1e-5)
+    assert sum(p.numel() for p in m.parameters()) == parameter_count_of(cfg)
+
+
+def parameter_count_of(cfg: ModelConfig) -> int:
+    from glassformer.model.config import parameter_count
+
+    return parameter_count(cfg)

@@ -32,13 +32,22 @@ class _Layer:
 
     def __init__(self, layer: nn.Module, onednn: bool) -> None:
         self.layer = layer
-        self.qkv = PreparedLinear.of(layer.self_attention.in_proj, onednn)
-        self.self_out = PreparedLinear.of(layer.self_attention.out_proj, onednn)
-        self.q = PreparedLinear.of(layer.cross_attention.q_proj, onednn)
-        self.kv = PreparedLinear.of(layer.cross_attention.kv_proj, onednn)
-        self.cross_out = PreparedLinear.of(layer.cross_attention.out_proj, onednn)
+        sa, ca = layer.self_attention, layer.cross_attention
+        self.qkv = _fused(onednn, sa.w_q, sa.w_k, sa.w_v)                   # [W^Q | W^K | W^V] in one product
+        self.self_out = PreparedLinear.of(sa.w_o, onednn)
+        self.q = PreparedLinear.of(ca.w_q, onednn)
+        self.kv = _fused(onednn, ca.w_k, ca.w_v)                             # [W^K | W^V] of the source
+        self.cross_out = PreparedLinear.of(ca.w_o, onednn)
         self.w_1 = PreparedLinear.of(layer.ffn.w_1, onednn)
         self.w_2 = PreparedLinear.of(layer.ffn.w_2, onednn)
+        self.activation = layer.ffn.activation
+
+
+def _fused(onednn: bool, *linears: nn.Linear) -> PreparedLinear:
+    """One prepared product for several projections of the same input: their output columns side by side."""
+    weight = torch.cat([lin.weight for lin in linears])                      # (sum of out, in)
+    bias = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])
+    return PreparedLinear(weight, bias, onednn)
 
 
 class _Prepared(nn.Module):
@@ -66,14 +75,14 @@ def _prepared_copy(module: nn.Module, onednn: bool) -> nn.Module:
 
 def _residual(sub: ResidualNorm, x: Tensor, sublayer, *args) -> Tensor:
     """post: LN(x + Sub(x)); pre: x + Sub(LN(x)) — eval mode, the sum written into Sub's fresh output."""
-    n = sub.norm
+    n = sub.layer_norm
     if sub.placement == "post":
         return F.layer_norm(sublayer(x, *args).add_(x), n.normalized_shape, n.weight, n.bias, n.eps)
     return sublayer(F.layer_norm(x, n.normalized_shape, n.weight, n.bias, n.eps), *args).add_(x)
 
 
 def _ffn(x: Tensor, p: _Layer) -> Tensor:
-    return p.w_2(torch.relu_(p.w_1(x)))                                      # (batch, d)
+    return p.w_2(p.activation(p.w_1(x)))                                     # (batch, d)
 
 
 class StepDecoder:
@@ -85,7 +94,7 @@ class StepDecoder:
         self.model, self.cfg = model, model.cfg
         self.encoder = _prepared_copy(model.encoder, onednn).eval()         # the same encoder, prepared weights
         self.layers = [_Layer(layer, onednn) for layer in model.decoder.layers]
-        self.head = PreparedLinear(model.generator.weight, None, onednn)
+        self.head = PreparedLinear.of(model.head, onednn)
         a = model.decoder.layers[0].self_attention
         self.heads, self.d_k, self.d_v = a.heads, a.d_k, a.d_v
         self.scale = 1.0 / math.sqrt(a.d_k) if a.scale else 1.0

@@ -49,12 +49,14 @@ def _visibility(spec: dict, n: int, m: int) -> torch.Tensor | None:
 
 
 def _load_attention(mha: MultiHeadAttention, p: dict) -> None:
-    """Spec weights (x @ W, head-major) into the fused in_proj rows [W^Q heads | W^K heads | W^V heads]."""
+    """Spec weights (x @ W per head) into W^Q, W^K, W^V (heads side by side) and W^O."""
     heads = p["heads"]
-    w = np.concatenate([h[name] for name in ("w_q", "w_k", "w_v") for h in heads], axis=1)  # (d, H(2d_k+d_v))
-    b = np.concatenate([h[name] for name in ("b_q", "b_k", "b_v") for h in heads])
-    mha.load_state_dict({"in_proj.weight": _t(w.T), "in_proj.bias": _t(b),   # cross-attention splits the rows
-                         "out_proj.weight": _t(p["w_o"].T), "out_proj.bias": _t(p["b_o"])})  # (d, H·d_v)
+    state = {}
+    for name in ("q", "k", "v"):
+        w = np.concatenate([h[f"w_{name}"] for h in heads], axis=1)       # (d, H*d_k | H*d_v)
+        state[f"w_{name}.weight"] = _t(w.T)
+        state[f"w_{name}.bias"] = _t(np.concatenate([h[f"b_{name}"] for h in heads]))
+    mha.load_state_dict({**state, "w_o.weight": _t(p["w_o"].T), "w_o.bias": _t(p["b_o"])})  # (d, H·d_v)
 
 
 def _attention_output(records: dict, prefix: str, n_heads: int, disabled: list[int]) -> dict:
@@ -73,11 +75,10 @@ def _run_attention(spec: dict) -> dict:
     (n, d_k), (m, d_v) = q.shape, v.shape
     width = d_k + d_v
     mha = CrossAttention(width, 1, d_k, d_v, bias=False, scale=spec["scale"], path="glass").double()
-    pick = torch.zeros(2 * d_k + d_v, width, dtype=torch.float64)           # rows: [W^Q | W^K | W^V]
-    pick[:d_k, :d_k] = torch.eye(d_k)
-    pick[d_k: 2 * d_k, :d_k] = torch.eye(d_k)
-    pick[2 * d_k:, d_k:] = torch.eye(d_v)
-    mha.load_state_dict({"in_proj.weight": pick, "out_proj.weight": mha.out_proj.weight.detach()})
+    pick_k = torch.eye(d_k, width, dtype=torch.float64)                    # the first d_k channels
+    pick_v = torch.eye(width, dtype=torch.float64)[d_k:]                     # the last d_v channels
+    mha.load_state_dict({"w_q.weight": pick_k, "w_k.weight": pick_k, "w_v.weight": pick_v,
+                         "w_o.weight": mha.w_o.weight.detach()})
     queries = torch.cat([_t(q), torch.zeros(n, d_v, dtype=torch.float64)], dim=1)[None]  # (1, n, d_k+d_v)
     keys_values = torch.cat([_t(k), _t(v)], dim=1)[None]                    # (1, m, d_k+d_v)
     visible = _visibility(spec, n, m)
@@ -95,7 +96,7 @@ def _config(spec: dict, attn: dict) -> ModelConfig:
     x, ffn = spec["x"], spec["ffn"]
     return ModelConfig(src_vocab=1, tgt_vocab=1, d_model=x.shape[1], heads=len(attn["heads"]), d_k=attn["d_k"],
                        d_v=attn["d_v"], d_ff=ffn["w_1"].shape[1], encoder_layers=1, decoder_layers=1,
-                       dropout=0.0, attention_dropout=0.0, norm=spec["norm"],
+                       dropout=0.0, attention_dropout=0.0, norm_placement=spec["norm"], bos_id=0, eos_id=0,
                        eps=spec["eps"] if spec["eps"] > 0 else 1e-5, positions="none",
                        scale_scores=spec["scale"], bias=True, attention_path="glass")
 
@@ -126,9 +127,9 @@ def _run_block(spec: dict) -> dict:
         layer.ffn.w_2.weight.copy_(_t(ffn["w_2"].T))
         layer.ffn.w_2.bias.copy_(_t(ffn["b_2"]))
         for sub, ln in zip(layer.sublayer, spec["layer_norms"], strict=True):
-            sub.norm.weight.copy_(_t(ln["gamma"]))
-            sub.norm.bias.copy_(_t(ln["beta"]))
-            sub.norm.eps = spec["eps"]
+            sub.layer_norm.weight.copy_(_t(ln["gamma"]))
+            sub.layer_norm.bias.copy_(_t(ln["beta"]))
+            sub.layer_norm.eps = spec["eps"]
     off = {f"self_attention.head.{h}.output": _switched_off for h in spec["disabled_heads"]}
 
     x = _t(spec["x"])[None]                                                 # (1, n, d)

@@ -162,13 +162,17 @@ class MultiHeadAttention(nn.Module):
         self.output = HookPoint()
         self._head_hooks = False
 
-    def _output_projection(self, bias: bool) -> None:
-        """W^O, made after the input projections (parameter order: inputs, then W^O)."""
-        self.out_proj = nn.Linear(self.heads * self.d_v, self.d_model, bias=bias)
-
-    def _init(self, *linears: nn.Linear) -> None:
-        for lin in (*linears, self.out_proj):
-            nn.init.xavier_uniform_(lin.weight)
+    def _projections(self, bias: bool) -> None:
+        """W^Q, W^K, W^V (all heads side by side, (d, H*d_k) as x W) and W^O, laid out alike in self- and
+        cross-attention. Glorot-uniform; W^Q, W^K, W^V with gain 1/sqrt(2), the bound of one fused
+        [W^Q | W^K | W^V] matrix (as fairseq draws them)."""
+        d, h = self.d_model, self.heads
+        self.w_q = nn.Linear(d, h * self.d_k, bias=bias)                    # Q = x W^Q
+        self.w_k = nn.Linear(d, h * self.d_k, bias=bias)                    # K = x W^K
+        self.w_v = nn.Linear(d, h * self.d_v, bias=bias)                    # V = x W^V
+        self.w_o = nn.Linear(h * self.d_v, d, bias=bias)                    # Concat(heads) W^O
+        for lin, gain in ((self.w_q, 0.5 ** 0.5), (self.w_k, 0.5 ** 0.5), (self.w_v, 0.5 ** 0.5), (self.w_o, 1.0)):
+            nn.init.xavier_uniform_(lin.weight, gain=gain)
             if lin.bias is not None:
                 nn.init.zeros_(lin.bias)
 
@@ -209,30 +213,25 @@ class MultiHeadAttention(nn.Module):
         concat = heads_out.transpose(1, 2).reshape(b, n_q, self.heads * self.d_v)  # (batch, query, H*d_v)
         if rows is not None:
             concat = rows.pack(concat)                                       # (n, H*d_v): real rows only
-        return self.output(self.out_proj(self.concat(concat)))               # (batch, query, d)
+        return self.output(self.w_o(self.concat(concat)))               # (batch, query, d)
 
 
 class SelfAttention(MultiHeadAttention):
-    """Queries, keys and values from the same rows x; `in_proj` holds [W^Q heads | W^K heads | W^V heads]
-    (the layout of nn.MultiheadAttention). Positions: RoPE rotates q and k, a relative bias joins the scores."""
+    """Queries, keys and values from the same rows x: Q = x W^Q, K = x W^K, V = x W^V.
+    Positions: RoPE rotates q and k, a relative bias joins the scores."""
 
     def __init__(self, d_model: int, heads: int, d_k: int, d_v: int, *, bias: bool = True, dropout: float = 0.0,
                  scale: bool = True, rope: RotaryEmbedding | None = None,
                  relative: RelativePositionBias | None = None, path: str = "fast") -> None:
         super().__init__(d_model, heads, d_k, d_v, bias=bias, dropout=dropout, scale=scale, path=path)
-        self.in_proj = nn.Linear(d_model, heads * (2 * d_k + d_v), bias=bias)
-        self._output_projection(bias)
+        self._projections(bias)
         self.rope = rope
         self.relative = relative
-        self._init(self.in_proj)
 
     def project(self, x: Tensor, rows: Rows | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Q, K, V per head: (batch, heads, len, d_k | d_k | d_v); x packed (n, d) when `rows` is given."""
-        qkv = self.in_proj(x)                                                # (batch, len, H*(2d_k+d_v))
-        if rows is not None:
-            qkv = rows.unpack(qkv)                                           # (n, .) -> (batch, len, .)
-        n = self.heads * self.d_k
-        q, k, v = qkv.split((n, n, self.heads * self.d_v), dim=-1)
+        unpack = (lambda t: t) if rows is None else rows.unpack               # (n, .) -> (batch, len, .)
+        q, k, v = unpack(self.w_q(x)), unpack(self.w_k(x)), unpack(self.w_v(x))  # (batch, len, H*d_k|H*d_v)
         return self.split_heads(q, self.d_k), self.split_heads(k, self.d_k), self.split_heads(v, self.d_v)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, causal: bool = False,
@@ -260,52 +259,24 @@ class SelfAttention(MultiHeadAttention):
 
 
 class CrossAttention(MultiHeadAttention):
-    """Queries from the decoder rows x, keys and values from the encoder output H (`memory`).
-
-    `q_proj` is W^Q (all heads), `kv_proj` is [W^K heads | W^V heads]. Checkpoints written with one
-    fused `in_proj` ([W^Q | W^K | W^V], as self-attention stores it) load unchanged: the rows are split.
-    """
+    """Queries from the decoder rows x, keys and values from the encoder output H (`memory`):
+    Q = x W^Q, K = H W^K, V = H W^V."""
 
     def __init__(self, d_model: int, heads: int, d_k: int, d_v: int, *, bias: bool = True,
                  dropout: float = 0.0, scale: bool = True, path: str = "fast") -> None:
         super().__init__(d_model, heads, d_k, d_v, bias=bias, dropout=dropout, scale=scale, path=path)
-        self.q_proj = nn.Linear(d_model, heads * d_k, bias=bias)
-        self.kv_proj = nn.Linear(d_model, heads * (d_k + d_v), bias=bias)
-        self._output_projection(bias)
-        self._init_fused()
-
-    def _init_fused(self) -> None:
-        """Xavier over the fused [W^Q | W^K | W^V] matrix, as self-attention (and earlier versions) draw it."""
-        fused = torch.empty(self.q_proj.out_features + self.kv_proj.out_features, self.d_model)
-        nn.init.xavier_uniform_(fused)
-        with torch.no_grad():
-            self.q_proj.weight.copy_(fused[: self.q_proj.out_features])
-            self.kv_proj.weight.copy_(fused[self.q_proj.out_features:])
-        self._init()
-        for lin in (self.q_proj, self.kv_proj):
-            if lin.bias is not None:
-                nn.init.zeros_(lin.bias)
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
-        n = self.q_proj.out_features
-        for part in ("weight", "bias"):
-            fused = state_dict.pop(f"{prefix}in_proj.{part}", None)          # the earlier fused layout
-            if fused is not None:
-                state_dict[f"{prefix}q_proj.{part}"] = fused[:n]
-                state_dict[f"{prefix}kv_proj.{part}"] = fused[n:]
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._projections(bias)
 
     def project_q(self, x: Tensor, rows: Rows | None = None) -> Tensor:
         """Q per head (batch, heads, len, d_k); x packed (n, d) when `rows` is given."""
-        q = self.q_proj(x)                                                   # (batch, len, H*d_k)
+        q = self.w_q(x)                                                      # (batch, len, H*d_k)
         return self.split_heads(q if rows is None else rows.unpack(q), self.d_k)
 
     def project_kv(self, memory: Tensor, rows: Rows | None = None) -> tuple[Tensor, Tensor]:
         """K, V per head from the encoder output: (batch, heads, src, d_k), (batch, heads, src, d_v)."""
-        kv = self.kv_proj(memory)                                            # (batch, src, H*(d_k+d_v))
+        k, v = self.w_k(memory), self.w_v(memory)                            # (batch, src, H*d_k | H*d_v)
         if rows is not None:
-            kv = rows.unpack(kv)                                             # (n, .) -> (batch, src, .)
-        k, v = kv.split((self.heads * self.d_k, self.heads * self.d_v), dim=-1)
+            k, v = rows.unpack(k), rows.unpack(v)                            # (n, .) -> (batch, src, .)
         return self.split_heads(k, self.d_k), self.split_heads(v, self.d_v)
 
     def forward(self, x: Tensor, memory: Tensor, mask: Tensor | None = None, *, cache: KVCache | None = None,

@@ -14,10 +14,12 @@ from ..errors import UsageError
 from ..validation import validate
 
 NORMS = ("post", "pre")
+ACTIVATIONS = ("relu", "silu")
+POSITION_LAYOUTS = ("interleaved", "halves")
 POSITIONS = ("sinusoidal", "learned", "relative", "rope", "none")
 FAMILIES = ("encoder-decoder", "encoder-only", "decoder-only")
 ATTENTION_PATHS = ("fast", "glass")
-RETIRED_FIELDS = ("activation", "extra")   # fields of earlier configs ("relu" only, free notes): ignored on reading
+EARLIER_LAYOUT_FIELDS = ("norm", "extra")   # written by glassformer 0.1's layout (fused projections, `generator`)
 
 
 class ConfigError(UsageError):
@@ -39,7 +41,7 @@ class ModelConfig:
     decoder_layers: int = 6
     dropout: float = 0.1           # on every sub-layer output (before the residual) and on embeddings
     attention_dropout: float = 0.0 # on attention weights (not in the 2017 paper; off by default)
-    norm: str = "post"             # "post": LN(x + Sub(x)) (2017) | "pre": x + Sub(LN(x))
+    norm_placement: str = "post"   # "post": LN(x + Sub(x)) (2017) | "pre": x + Sub(LN(x))
     final_norm: bool | None = None # LN after each stack; None = only for pre-norm (nn.Transformer: True)
     eps: float = 1e-5              # LayerNorm epsilon
     positions: str = "sinusoidal"  # sinusoidal | learned | relative | rope | none
@@ -48,11 +50,17 @@ class ModelConfig:
     rope_base: float = 10000.0     # RoPE frequency base
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model) (2017)
     scale_scores: bool = True      # divide scores by sqrt(d_k) before the softmax (2017)
+    position_layout: str = "interleaved"  # sinusoidal channels: sin/cos interleaved (2017) | halves (Marian)
+    activation: str = "relu"       # FeedForward non-linearity: relu (2017) | silu ("swish", OPUS-MT)
     bias: bool = True              # biases in the linear projections
-    tie_target: bool = True        # target embedding shares its matrix with the output layer
+    head_bias: bool = False        # a bias on the vocabulary head (Marian's final_logits_bias)
+    tie_target: bool = True        # target embedding shares its matrix with the vocabulary head
+    share_embeddings: bool = False # source and target embeddings are one matrix (needs src_vocab == tgt_vocab)
     family: str = "encoder-decoder"
     attention_path: str = "fast"   # fast: fused SDPA | glass: explicit math, every intermediate
     pad_id: int = 0                # token id of PAD (used when padding flags are not given)
+    bos_id: int = 1                # the decoder's first input (Marian: its PAD id)
+    eos_id: int = 2                # the token that ends a translation
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -79,13 +87,21 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{name} must be in [0, 1), got {value!r}")
         if not self.eps > 0:
             raise ValueError(f"ModelConfig.eps must be positive, got {self.eps!r}")
-        choices = {"norm": NORMS, "positions": POSITIONS, "family": FAMILIES,
-                   "attention_path": ATTENTION_PATHS}
+        choices = {"norm_placement": NORMS, "positions": POSITIONS, "family": FAMILIES,
+                   "attention_path": ATTENTION_PATHS, "activation": ACTIVATIONS, "position_layout": POSITION_LAYOUTS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"ModelConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.positions == "rope" and self.d_k % 2:
             raise ValueError(f"ModelConfig.d_k must be even for rope positions, got {self.d_k}")
+        for name in ("pad_id", "bos_id", "eos_id"):
+            value = getattr(self, name)
+            if not 0 <= value < self.tgt_vocab:
+                raise ValueError(f"ModelConfig.{name} must be a token id in [0, tgt_vocab={self.tgt_vocab}), "
+                                 f"got {value}")
+        if self.share_embeddings and self.src_vocab != self.tgt_vocab:
+            raise ValueError(f"ModelConfig.share_embeddings needs src_vocab == tgt_vocab, got {self.src_vocab} and "
+                             f"{self.tgt_vocab}")
         if self.family == "encoder-decoder" and (self.encoder_layers == 0 or self.decoder_layers == 0):
             raise ValueError("ModelConfig.encoder_layers and decoder_layers must be >= 1 for encoder-decoder")
         _check_limits(self)
@@ -93,7 +109,7 @@ class ModelConfig:
     @property
     def use_final_norm(self) -> bool:
         """Whether each stack ends with its own LayerNorm (always for pre-norm)."""
-        return self.norm == "pre" if self.final_norm is None else bool(self.final_norm)
+        return self.norm_placement == "pre" if self.final_norm is None else bool(self.final_norm)
 
     def replace(self, **changes) -> ModelConfig:
         """A copy with some fields changed (validated again)."""
@@ -108,7 +124,11 @@ class ModelConfig:
         (a ValueError) naming `source` and the field."""
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: expected an object of model settings, got {type(data).__name__}")
-        data = {k: v for k, v in data.items() if k not in RETIRED_FIELDS}
+        earlier = [k for k in EARLIER_LAYOUT_FIELDS if k in data]
+        if earlier:
+            raise ConfigError(f"{source}: written by an earlier glassformer layout (field {earlier[0]!r}), which this "
+                              "version no longer reads; train the model again with `glassformer train --out DIR`",
+                              earlier[0])
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known, key=str)
         if unknown:
@@ -163,16 +183,14 @@ _SIZE_LIMITS = {"d_model": "MAX_D_MODEL", "heads": "MAX_HEADS", "d_k": "MAX_D_FF
 
 
 def parameter_count(cfg: ModelConfig) -> int:
-    """Parameters a Transformer of `cfg` has (counted from the sizes, before anything is allocated)."""
-    d, h = cfg.d_model, cfg.heads
-    attention = d * h * (2 * cfg.d_k + cfg.d_v) + h * cfg.d_v * d + (h * (2 * cfg.d_k + cfg.d_v) + d)
-    ffn = 2 * d * cfg.d_ff + cfg.d_ff + d
-    norms = 2 * d
-    embeddings = (cfg.src_vocab + cfg.tgt_vocab) * d + (0 if cfg.tie_target else cfg.tgt_vocab * (d + 1))
-    positions = cfg.max_len * d if cfg.positions == "learned" else 0
-    encoder = cfg.encoder_layers * (attention + ffn + 2 * norms)
-    decoder = cfg.decoder_layers * (2 * attention + ffn + 3 * norms)
-    return embeddings + positions + encoder + decoder + 2 * norms + cfg.tgt_vocab
+    """Parameters the model of `cfg` has: built on the meta device (shapes only, nothing allocated)."""
+    import torch
+
+    from .transformer import build_model
+
+    with torch.device("meta"):
+        model = build_model(cfg)
+    return sum(p.numel() for p in model.parameters())                         # tied matrices count once
 
 
 def _check_limits(cfg: ModelConfig) -> None:

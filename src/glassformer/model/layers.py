@@ -17,14 +17,18 @@ from .hooks import HookPoint
 from .packing import Rows
 from .positions import RelativePositionBias, RotaryEmbedding
 
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "silu": F.silu}
+
 
 class FeedForward(nn.Module):
     """FFN(x) = ReLU(x W_1 + b_1) W_2 + b_2, the same weights at every position, each row alone.
 
+    `activation="silu"` (x * sigmoid(x), "swish" in Marian / OPUS-MT) in place of ReLU.
     Hook points: `hidden` (.., d_ff), `output` (.., d)."""
 
-    def __init__(self, d_model: int, d_ff: int, bias: bool = True) -> None:
+    def __init__(self, d_model: int, d_ff: int, bias: bool = True, activation: str = "relu") -> None:
         super().__init__()
+        self.activation = ACTIVATIONS[activation]
         self.w_1 = nn.Linear(d_model, d_ff, bias=bias)
         self.w_2 = nn.Linear(d_ff, d_model, bias=bias)
         self.hidden = HookPoint()
@@ -33,7 +37,7 @@ class FeedForward(nn.Module):
         nn.init.xavier_uniform_(self.w_2.weight)
 
     def forward(self, x: Tensor) -> Tensor:
-        hidden = self.hidden(F.relu(self.w_1(x)))                            # (batch, len, d_ff)
+        hidden = self.hidden(self.activation(self.w_1(x)))                  # (batch, len, d_ff)
         return self.output(self.w_2(hidden))                                 # (batch, len, d)
 
 
@@ -47,7 +51,7 @@ class ResidualNorm(nn.Module):
 
     def __init__(self, d_model: int, eps: float, placement: str, dropout: float) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.layer_norm = nn.LayerNorm(d_model, eps=eps)
         self.placement = placement
         self.dropout = nn.Dropout(dropout)
         self.input = HookPoint()
@@ -58,8 +62,8 @@ class ResidualNorm(nn.Module):
         x = self.input(x)                                                    # (batch, len, d)
         if self.placement == "post":
             residual = self.residual(x + self.dropout(sublayer(x)))
-            return self.normed(self.norm(residual))
-        return self.residual(x + self.dropout(sublayer(self.normed(self.norm(x)))))
+            return self.normed(self.layer_norm(residual))
+        return self.residual(x + self.dropout(sublayer(self.normed(self.layer_norm(x)))))
 
 
 def _attention(cfg: ModelConfig) -> SelfAttention:
@@ -82,9 +86,9 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.self_attention = _attention(cfg)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.bias)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.bias, cfg.activation)
         self.sublayer = nn.ModuleList(
-            ResidualNorm(cfg.d_model, cfg.eps, cfg.norm, cfg.dropout) for _ in range(2))
+            ResidualNorm(cfg.d_model, cfg.eps, cfg.norm_placement, cfg.dropout) for _ in range(2))
         self.output = HookPoint()
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, causal: bool = False,
@@ -118,10 +122,10 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attention = _attention(cfg)
         self.cross_attention = _cross_attention(cfg) if cross else None
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.bias)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.bias, cfg.activation)
         n = 3 if cross else 2
         self.sublayer = nn.ModuleList(
-            ResidualNorm(cfg.d_model, cfg.eps, cfg.norm, cfg.dropout) for _ in range(n))
+            ResidualNorm(cfg.d_model, cfg.eps, cfg.norm_placement, cfg.dropout) for _ in range(n))
         self.output = HookPoint()
 
     def forward(self, y: Tensor, memory: Tensor | None = None, self_mask: Tensor | None = None,

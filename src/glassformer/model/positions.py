@@ -7,15 +7,25 @@ import math
 import torch
 from torch import Tensor, nn
 
+POSITION_LAYOUTS = ("interleaved", "halves")
 
-def sinusoidal_positions(n: int, d: int, dtype: torch.dtype = torch.float32) -> Tensor:
-    """(n, d) table: PE(p, 2r) = sin(p / 10000^(2r/d)), PE(p, 2r+1) = cos(p / 10000^(2r/d))."""
+
+def sinusoidal_positions(n: int, d: int, dtype: torch.dtype = torch.float32, layout: str = "interleaved") -> Tensor:
+    """(n, d) table: PE(p, 2r) = sin(p / 10000^(2r/d)), PE(p, 2r+1) = cos(p / 10000^(2r/d)).
+
+    layout "halves" puts the same values as [all sines | all cosines] (Marian / OPUS-MT): channel r is
+    sin(p / 10000^(2r/d)) for r < ceil(d/2), the cosines follow."""
+    if layout not in POSITION_LAYOUTS:
+        raise ValueError(f"position layout must be one of {POSITION_LAYOUTS}, got {layout!r}")
     p = torch.arange(n, dtype=torch.float64).unsqueeze(1)                  # (n, 1)
     two_r = torch.arange(0, d, 2, dtype=torch.float64)                     # (ceil(d/2),)
     angle = p / torch.pow(10000.0, two_r / d)                              # (n, ceil(d/2))
+    sin, cos = torch.sin(angle), torch.cos(angle[:, : d // 2])             # (n, ceil(d/2)), (n, d//2)
+    if layout == "halves":
+        return torch.cat([sin, cos], dim=1).to(dtype)                      # (n, d)
     table = torch.zeros(n, d, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(angle)
-    table[:, 1::2] = torch.cos(angle[:, : d // 2])
+    table[:, 0::2] = sin
+    table[:, 1::2] = cos
     return table.to(dtype)
 
 

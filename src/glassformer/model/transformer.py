@@ -39,7 +39,7 @@ class Embeddings(nn.Module):
         """The sinusoidal table (max_len, d), computed in float64 and cast once per dtype and device."""
         key = (dtype, device)
         if key not in self._tables:
-            table = sinusoidal_positions(self.cfg.max_len, self.cfg.d_model, torch.float64)
+            table = sinusoidal_positions(self.cfg.max_len, self.cfg.d_model, torch.float64, self.cfg.position_layout)
             self._tables[key] = table.to(device=device, dtype=dtype)
         return self._tables[key]
 
@@ -184,12 +184,16 @@ class Transformer(Hooked, nn.Module):
         self.tgt_embed = Embeddings(cfg.tgt_vocab, cfg)
         self.encoder = Encoder(cfg, cfg.encoder_layers)
         self.decoder = Decoder(cfg, cfg.decoder_layers, cross=True)
-        self.generator = nn.Linear(cfg.d_model, cfg.tgt_vocab, bias=False)  # the vocabulary head
+        if cfg.share_embeddings:                                             # one matrix for source and target
+            self.tgt_embed.token.weight = self.src_embed.token.weight
+        self.head = nn.Linear(cfg.d_model, cfg.tgt_vocab, bias=cfg.head_bias)  # the vocabulary head
         self.logits_hook = HookPoint("logits")
         if cfg.tie_target:
-            self.generator.weight = self.tgt_embed.token.weight
+            self.head.weight = self.tgt_embed.token.weight
         else:
-            nn.init.normal_(self.generator.weight, std=cfg.d_model ** -0.5)
+            nn.init.normal_(self.head.weight, std=cfg.d_model ** -0.5)
+        if self.head.bias is not None:
+            nn.init.zeros_(self.head.bias)
 
     # ---- pieces ------------------------------------------------------------------------
     def source_padding(self, src: Tensor) -> Tensor:
@@ -213,7 +217,7 @@ class Transformer(Hooked, nn.Module):
         return self.decoder(y, memory, src_pad, tgt_pad, cache=cache.layers if cache is not None else None)
 
     def logits(self, hidden: Tensor) -> Tensor:
-        return self.logits_hook(self.generator(hidden))                      # (..., tgt_vocab)
+        return self.logits_hook(self.head(hidden))                      # (..., tgt_vocab)
 
     # ---- whole passes --------------------------------------------------------------------
     def forward(self, src: Tensor, tgt_in: Tensor, src_pad: Tensor | None = None,

@@ -107,11 +107,6 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
                          f"unexpected {sorted(unexpected)[:3]})")
 
 
-def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
-    with safe_open(str(path), framework="pt") as f:
-        return {k: f.get_tensor(k) for k in f.keys()}
-
-
 # ---- optimizer -----------------------------------------------------------------------------
 def save_optimizer(optimizer: torch.optim.Optimizer, path: str | Path) -> None:
     """Adam's per-parameter tensors as `state.{param}.{name}`; param groups as JSON metadata."""
@@ -129,9 +124,8 @@ def save_optimizer(optimizer: torch.optim.Optimizer, path: str | Path) -> None:
         save_file(tensors, str(tmp), metadata=meta)
 
 
-def load_optimizer(optimizer: torch.optim.Optimizer, path: str | Path, model: nn.Module | None = None) -> None:
-    """Inverse of `save_optimizer`. With `model`, state saved when cross-attention kept one fused in_proj
-    (one parameter fewer per weight and bias) is re-indexed to the split q_proj / kv_proj."""
+def load_optimizer(optimizer: torch.optim.Optimizer, path: str | Path) -> None:
+    """Inverse of `save_optimizer`."""
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
         state: dict[int, dict[str, Any]] = {}
@@ -142,34 +136,7 @@ def load_optimizer(optimizer: torch.optim.Optimizer, path: str | Path, model: nn
         state.setdefault(int(p), {}).update(entry)
     groups = [{k: (tuple(v) if isinstance(v, list) and k != "params" else v) for k, v in g.items()}
               for g in json.loads(meta["param_groups"])]                     # JSON lists -> tuples (betas)
-    if model is not None and len(groups) == 1:
-        state, groups[0]["params"] = _from_fused_layout(model, state, groups[0]["params"])
     optimizer.load_state_dict({"state": state, "param_groups": groups})
-
-
-def _from_fused_layout(model: nn.Module, state: dict, saved: list[int]) -> tuple[dict, list[int]]:
-    """Optimizer state indexed as before cross-attention split its in_proj -> indexed as the model is now."""
-    plan, n_old, fused = [], 0, {}
-    for name, _ in model.named_parameters():                             # the order of model.parameters()
-        owner, _, attr = name.rpartition(".")
-        attention, _, proj = owner.rpartition(".")
-        if proj in ("q_proj", "kv_proj") and attention.endswith("cross_attention"):
-            if (attention, attr) not in fused:
-                fused[(attention, attr)] = n_old
-                n_old += 1
-            n_q = model.get_submodule(attention).q_proj.out_features
-            plan.append((fused[(attention, attr)], slice(0, n_q) if proj == "q_proj" else slice(n_q, None)))
-        else:
-            plan.append((n_old, None))
-            n_old += 1
-    if not fused or len(saved) != n_old or len(saved) == len(plan):
-        return state, saved                                                  # already the current layout
-    moved = {}
-    for new, (old, rows) in enumerate(plan):
-        if old in state:
-            moved[new] = {k: (v if not torch.is_tensor(v) else v[rows].clone() if rows is not None and v.dim()
-                              else v.clone()) for k, v in state[old].items()}   # each its own `step` counter
-    return moved, list(range(len(plan)))
 
 
 # ---- RNG states ----------------------------------------------------------------------------
@@ -287,11 +254,6 @@ def check_weights(path: Path, cfg: ModelConfig) -> None:
     """The file's tensors against the shapes `cfg` implies (a model built on the meta device: no memory)."""
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in Transformer(cfg).state_dict().items()}
-    for name in [k for k in expected if k.endswith(".q_proj.weight")]:   # earlier folders: one fused in_proj
-        prefix, q, kv = name[: -len("q_proj.weight")], expected[name], expected[name.replace("q_proj", "kv_proj")]
-        expected[prefix + "in_proj.weight"] = (q[0] + kv[0], q[1])
-        if prefix + "q_proj.bias" in expected:
-            expected[prefix + "in_proj.bias"] = (q[0] + kv[0],)
     found = weight_shapes(path)
     for name, shape in found.items():
         if name not in expected:
@@ -317,8 +279,6 @@ def load_translator_parts(folder: str | Path, device: str | torch.device = "cpu"
                          "or `glassformer train --out DIR`")
     root = find_run_root(folder)
     config = validate(ConfigFile, read_run_json(root / CONFIG, "MAX_CONFIG_BYTES"), str(root / CONFIG))
-    # Folders written before ModelConfig dropped `activation` and `extra` still load (from_dict ignores
-    # them); their cross-attention weights (one fused in_proj) are split by CrossAttention on loading.
     cfg = ModelConfig.from_dict(config.model, f"{root / CONFIG}: model")
     vocab = validate(VocabFile, read_run_json(root / VOCAB, "MAX_VOCAB_BYTES"), str(root / VOCAB))
     source, target = _tokenizers(root / VOCAB, vocab)

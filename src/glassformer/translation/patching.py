@@ -31,12 +31,12 @@ import torch
 from torch import Tensor
 
 from ..errors import UsageError
+from ..lesson.examples import LESSON_CORRUPTIONS as DEFAULT_CORRUPT
+from ..lesson.examples import LESSON_PREDICT as DEFAULT_PREDICT
+from ..lesson.examples import LESSON_SENTENCE as DEFAULT_CLEAN
+from ..lesson.examples import LESSON_TARGET as DEFAULT_TARGET
 from .tokenize import BOS
 
-DEFAULT_CLEAN = "我昨天给了他一本书。"
-DEFAULT_CORRUPT = ("我昨天给了她一本书。", "他昨天给了我一本书。")
-DEFAULT_TARGET = "I gave him a book yesterday."
-DEFAULT_PREDICT = "him"
 MAX_CORRUPT = 4                 # corrupted sentences per request: each costs (heads + positions) forward passes
 MAX_SENTENCE_CHARS = 400        # characters of one sentence (as the lab's Sentence view)
 FLAT = 1e-9                     # |p_clean − p_corrupt| below this: the corruption changed nothing to restore
@@ -280,7 +280,7 @@ def patch_command(args) -> int:
 
     from ..inference.threads import decoding_threads
     from .commands import _device, _model_dir
-    from .decode import Translator
+    from .translator import Translator
 
     torch.set_num_threads(decoding_threads(1))              # one sentence at a time: batch-1 forward passes
     translator = Translator.load(_model_dir(args), _device(args.device))

@@ -43,7 +43,7 @@ class ModelSettings(Schema):
     decoder_layers: int = knob(2, "encoder and decoder layers each", flag="--layers", gt=0)
     dropout: float = knob(0.1, "dropout", ge=0, lt=1)
     max_len: int = knob(128, "longest sequence the model accepts", flag=None, gt=0)
-    norm: Literal["post", "pre"] = knob("post", "LayerNorm placement")
+    norm_placement: Literal["post", "pre"] = knob("post", "LayerNorm placement", flag="--norm")
 
 
 class TrainSettings(Schema):

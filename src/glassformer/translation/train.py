@@ -151,7 +151,7 @@ class Trainer:
     def _load(self) -> None:
         self.state = read_json(self.out / STATE)
         load_weights(self.model, self.out / "model.safetensors")
-        load_optimizer(self.optimizer, self.out / OPTIMIZER, self.model)
+        load_optimizer(self.optimizer, self.out / OPTIMIZER)
         for group in self.optimizer.param_groups:
             for p in group["params"]:
                 for k, v in self.optimizer.state.get(p, {}).items():
@@ -182,8 +182,8 @@ class Trainer:
         """Dev BLEU and chrF, greedy on raw input (None with --no-eval)."""
         if not self.settings.eval or not self.data.dev:
             return None
-        from .decode import Translator
         from .evaluate import evaluate_pairs
+        from .translator import Translator
 
         self.model.eval()
         try:

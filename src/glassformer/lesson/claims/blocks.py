@@ -72,8 +72,8 @@ def post_norm_placement() -> Reading:
     err_pre = max(diff(pre["sublayers"][0]["normed"], x_ln),
                   diff(pre["sublayers"][0]["residual"], x + array(pre["self_attention"]["output"])),
                   diff(pre["output"], pre["sublayers"][1]["residual"]))
-    finals = {norm: Transformer(ModelConfig.tiny(norm=norm, src_vocab=4, tgt_vocab=4)).encoder.norm is not None
-              for norm in ("post", "pre")}
+    finals = {norm: Transformer(ModelConfig.tiny(norm_placement=norm, src_vocab=4, tgt_vocab=4)).encoder.norm
+              is not None for norm in ("post", "pre")}
     # dropout acts on Sub(x) before the residual add: x itself is never dropped
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -93,7 +93,7 @@ def post_norm_placement() -> Reading:
 @check("B5", "LayerNorm per token: other rows and other sentences change nothing")
 def layer_norm_per_token() -> Reading:
     enc = layer(3)
-    norm = enc.sublayer[0].norm
+    norm = enc.sublayer[0].layer_norm
     with torch.no_grad():
         norm.weight.copy_(rows(4, 32))
         norm.bias.copy_(rows(5, 32))

@@ -24,7 +24,7 @@ def two_stacks() -> Reading:
     dec = [len(layer.sublayer) for layer in model.decoder.layers]
     cross = all(isinstance(layer.cross_attention, MultiHeadAttention) for layer in model.decoder.layers)
     no_cross_enc = all(not hasattr(layer, "cross_attention") for layer in model.encoder.layers)
-    norms = [id(s.norm) for stack in (model.encoder.layers, model.decoder.layers) for layer in stack
+    norms = [id(s.layer_norm) for stack in (model.encoder.layers, model.decoder.layers) for layer in stack
              for s in layer.sublayer]
     tgt = target_ids(ex.TARGET_INPUT)
     with torch.no_grad():
@@ -146,10 +146,10 @@ def vocabulary_head_and_feedback() -> Reading:
     with torch.no_grad():
         memory = model.encode(src)
         hidden = model.decode(target_ids(ex.TARGET_INPUT), memory, src == 0)[0]     # (tgt, d)
-        wired = torch.zeros_like(model.generator.weight)                             # (vocab, d)
+        wired = torch.zeros_like(model.head.weight)                             # (vocab, d)
         for t, token in enumerate(chain):
             wired[token] = hidden[t] / hidden[t].norm()
-        model.generator.weight.copy_(wired)
+        model.head.weight.copy_(wired)
         tokens, logits = greedy_with_cache(model, src, v[ex.BOS], v[ex.EOS], max_steps=12)
         probs = torch.softmax(logits[0], dim=-1)
         inputs = [v[ex.BOS], *tokens[:-1]]
@@ -203,16 +203,16 @@ def base_size() -> Reading:
     with torch.device("meta"):
         model = Transformer(cfg)
     mha = model.encoder.layers[0].self_attention
-    shapes = {"in_proj": tuple(mha.in_proj.weight.shape), "out_proj": tuple(mha.out_proj.weight.shape),
+    shapes = {"w_q": tuple(mha.w_q.weight.shape), "w_o": tuple(mha.w_o.weight.shape),
               "w_1": tuple(model.encoder.layers[0].ffn.w_1.weight.shape),
               "w_2": tuple(model.decoder.layers[0].ffn.w_2.weight.shape)}
     n_enc, n_dec = len(model.encoder.layers), len(model.decoder.layers)
     ok = (n_enc, n_dec) == (6, 6) and (mha.heads, mha.d_k, mha.d_v, mha.d_model) == (8, 64, 64, 512) and shapes == {
-        "in_proj": (8 * (64 + 64 + 64), 512), "out_proj": (512, 8 * 64), "w_1": (2048, 512), "w_2": (512, 2048)}
-    ok &= all((layer.cross_attention.q_proj.out_features + layer.cross_attention.kv_proj.out_features,
-               layer.cross_attention.kv_proj.in_features) == (1536, 512) for layer in model.decoder.layers)
+        "w_q": (8 * 64, 512), "w_o": (512, 8 * 64), "w_1": (2048, 512), "w_2": (512, 2048)}
+    ok &= all(tuple(getattr(layer.cross_attention, w).weight.shape) == (512, 512)
+              for layer in model.decoder.layers for w in ("w_q", "w_k", "w_v", "w_o"))
     return reading("{encoder}+{decoder} layers, d {d_model}, {heads} heads, d_k {d_k}, d_v {d_v}; "
-                   "in_proj {in_proj[0]}×{in_proj[1]}, W^O {out_proj[0]}×{out_proj[1]}, W_1 {w_1[1]}→{w_1[0]}", ok,
+                   "W^Q {w_q[1]}×{w_q[0]}, W^O {w_o[1]}×{w_o[0]}, W_1 {w_1[1]}→{w_1[0]}", ok,
                    encoder=n_enc, decoder=n_dec, d_model=mha.d_model, heads=mha.heads, d_k=mha.d_k, d_v=mha.d_v,
                    **{k: list(v) for k, v in shapes.items()})
 
