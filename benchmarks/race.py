@@ -27,16 +27,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -435,27 +434,16 @@ def comparisons(results: list[dict], timings: dict, speedup) -> list[dict]:
     return out
 
 
-def _version(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "absent"
-
-
 def machine(args) -> dict:
+    """benchmarks.run's machine description, with this command, the CPU's precision flags and the versions."""
     from glassformer.inference.precision import cpu_precision_support
-    cpu = platform.processor() or "?"
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "threads": args.threads,
-            "precision": cpu_precision_support().as_dict(),
-            "versions": {p: _version(p) for p in ("torch", "torchao", "ctranslate2", "transformers", "glassformer")},
-            "command": " ".join(["python -m benchmarks.race", *sys.argv[1:]]),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+
+    from .run import _version, machine_info
+    info = machine_info(args.threads, [])
+    info.update(command=" ".join(["python -m benchmarks.race", *sys.argv[1:]]),
+                precision=cpu_precision_support().as_dict(),
+                versions={p: _version(p) for p in ("torch", "torchao", "ctranslate2", "transformers", "glassformer")})
+    return info
 
 
 def _fmt(value: float) -> str:
@@ -528,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         if folder and not Path(folder).is_dir():
             print(f"{flag}: {folder} is not a folder", file=sys.stderr)
             return 2
-    if args.ct2 and _version("ctranslate2") == "absent":
+    if args.ct2 and importlib.util.find_spec("ctranslate2") is None:
         print("--ct2 needs CTranslate2: pip install -e '.[bench]'", file=sys.stderr)
         return 2
     report = race(args)
