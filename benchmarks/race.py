@@ -428,7 +428,7 @@ def comparisons(results: list[dict], timings: dict, speedup) -> list[dict]:
         pairs = [("precision for precision", BASELINE, "ctranslate2/float32"),
                  ("best against best", best_ours["system"], best_theirs["system"])]
         for what, a, b in pairs:
-            if (case, b) in timings:
+            if (case, b) in timings and all(timings[case, a]) and all(timings[case, b]):   # no empty outputs
                 out.append({"case": case, "comparison": what, "ours": a, "theirs": b,
                             "speedup": speedup(timings[case, a], timings[case, b])})
     return out

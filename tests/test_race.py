@@ -67,6 +67,8 @@ def test_comparisons_pick_the_fastest_precision_that_holds_quality():
     assert (best["ours"], best["theirs"]) == ("glassformer/int8", "ctranslate2/int8")   # bf16 lost 0.4 BLEU
     assert best["speedup"]["min"] == pytest.approx(2.0) and best["speedup"]["max"] == pytest.approx(4.0)
     assert race.comparisons([r for r in results if r["system"].startswith("glass")], timings, speedup) == []
+    empty = {k: [0.0, 0.0] for k in timings}                            # every output empty: no ratio to take
+    assert race.comparisons(results, empty, speedup) == []
 
 
 def test_markdown_report():
