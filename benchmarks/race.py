@@ -94,7 +94,15 @@ def count_differences(outputs: Sequence[Sequence[int]], reference: Sequence[Sequ
 
 
 def rss_mb() -> float:
-    """This process's peak resident set size so far, in MiB (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    """This process's peak resident set size so far, in MiB: VmHWM of /proc/self/status on Linux (ru_maxrss
+    there keeps the forking parent's peak across exec, so every worker would report the driver's), else
+    ru_maxrss (KiB on Linux, bytes on macOS)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024                           # kB
+    except (OSError, ValueError, IndexError):
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -122,3 +125,15 @@ def test_a_missing_folder_is_one_line_and_status_2(tmp_path, capsys):
     assert race.main(["--run", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--run" in err
+
+
+def test_peak_rss_is_the_workers_own_not_the_parents():
+    """A fresh process (as each system's worker is) starts near its own size, whatever the parent held,
+    and its peak grows with what it touches (ru_maxrss would carry the parent's peak across exec)."""
+    code = ("from benchmarks.race import rss_mb; a = rss_mb(); block = b'x' * (200 << 20); "
+            "print(a, rss_mb())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=Path(race.__file__).parent.parent)
+    start, peak = map(float, done.stdout.split())
+    assert start < 100                                                   # stdlib only: tens of MiB
+    assert peak >= start + 190
