@@ -113,11 +113,8 @@ class Glassformer:
     """A glassformer run folder at one precision: float32 on the fast path, bf16/int8 via with_precision."""
 
     def __init__(self, model, dtype: str, threads: int) -> None:
-        import torch
-
         from glassformer.inference.precision import with_precision
-        self.torch, self.threads = torch, threads
-        self.cap = model.cfg.max_len
+        self.threads = threads
         self.decoder = _fast(model) if dtype == "float32" else with_precision(model, dtype)
 
     @classmethod
