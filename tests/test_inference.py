@@ -15,7 +15,7 @@ from glassformer.inference import (
     use_threads,
 )
 from glassformer.model import ModelConfig, Transformer
-from glassformer.translation.decode import beam_search, greedy
+from glassformer.translation.search import beam_search, greedy
 
 POSITIONS = ["sinusoidal", "learned", "relative", "rope", "none"]
 
@@ -41,6 +41,7 @@ def stepped(decoder, m, src, tgt):
                           for i in range(tgt.size(1))], 1)                  # (batch, tgt, vocab)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("positions", POSITIONS)
 @pytest.mark.parametrize("norm", ["post", "pre"])
 @pytest.mark.parametrize("onednn", [False, ONEDNN])
@@ -56,6 +57,7 @@ def test_step_logits_equal_the_model_path(positions, norm, onednn, rows):
     assert (want - want.mean()).abs().max() > 1e-2                          # the logits are not trivially equal
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("positions", POSITIONS)
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_greedy_and_beam_tokens_are_identical(positions, norm):

@@ -32,6 +32,10 @@ MAX_SENTENCE_TOKENS = 512            # units / tokens of one sentence on either 
 MAX_TOP_K = 20                       # candidates listed per target row
 MAX_BEAM = 32                        # beam size of `translate` / `evaluate`
 
+# ---- attribution (`attribute`, POST /api/attribute) ------------------------------------------
+MAX_IG_STEPS = 256                   # integrated-gradients steps (Gauss–Legendre nodes) per row
+MAX_ATTRIBUTION_PASSES = 8192        # sentence copies one request runs forward and backward (rows × steps)
+
 # ---- model folders (config.json, model.safetensors, vocab.json) ------------------------------
 MAX_D_MODEL = 4096
 MAX_LAYERS = 48                      # encoder or decoder layers
@@ -41,7 +45,8 @@ MAX_LEN = 8192                       # max_len: positions a model handles
 MAX_VOCAB = 262_144                  # src_vocab, tgt_vocab, and the entries of vocab.json
 MAX_PARAMETERS = 400_000_000         # parameters of a whole translator (1.6 GB in float32)
 MAX_CONFIG_BYTES = 64 << 10          # config.json
-MAX_VOCAB_BYTES = 32 << 20           # vocab.json / target tokenizer file
+MAX_VOCAB_BYTES = 32 << 20           # vocab.json / target tokenizer file / a SentencePiece model
+MAX_WEIGHTS_BYTES = 2 << 30          # a weights file read by `glassformer import` (2 GiB)
 
 _ENFORCED: ContextVar[bool] = ContextVar("glassformer_limits_enforced", default=True)
 

@@ -1,5 +1,6 @@
-"""The model the lab's Sentence and Patching views run: a trained translator from a run folder, or,
-without one, a seeded untrained tiny Transformer over the lesson's own units and words."""
+"""The model the lab's Sentence and Patching views run: a trained translator from a run folder (`--model`,
+else $GLASSFORMER_MODEL, else runs/default), or, without one, a seeded untrained tiny Transformer over the
+lesson's own units and words."""
 
 from __future__ import annotations
 
@@ -12,10 +13,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from ..errors import UsageError
 from ..lesson import examples
 from ..model import ModelConfig, Transformer
+from ..paths import default_model_dir
 from ..translation.tokenize import SPECIAL_TOKENS, SourceTokenizer, TargetTokenizer, Vocab
 
-DEFAULT_MODEL_DIR = "runs/default"
-DEFAULT_TARGET = "I gave him a book yesterday."
 UNTRAINED_SEED = 0
 
 
@@ -44,13 +44,16 @@ class LabModel:
         return cls(model, twin, source, target, trained, origin)
 
     def piece(self, token_id: int) -> str:
-        """A target id as readable text: sub-word marks removed, specials by name (never raw bytes)."""
-        if token_id < len(SPECIAL_TOKENS):
-            return SPECIAL_TOKENS[token_id]
+        """A target id as readable text: sub-word marks removed, specials by name (never raw bytes).
+
+        The special ids are the model's own (glassformer: <pad> 0, <s> 1, </s> 2; Marian: </s> 0, <pad> last)."""
         token = self.target.id_to_token(token_id)
         if token is None:
             return f"<{token_id}>"
-        text = self.target.tokenizer.decode([token_id]).strip()
+        cfg = self.model.cfg
+        if token in SPECIAL_TOKENS or token_id in (cfg.pad_id, cfg.bos_id, cfg.eos_id):
+            return token
+        text = self.target.decode([token_id]).strip()
         return text or token.replace("▁", " ").strip() or token
 
 
@@ -74,7 +77,7 @@ def untrained_model(seed: int = UNTRAINED_SEED, why: str | None = None) -> LabMo
     """
     source_units = [u for u in examples.SOURCE_VOCAB if u not in (examples.PAD, examples.BOS, examples.EOS)]
     source = SourceTokenizer(Vocab(source_units))
-    target = _word_target_tokenizer([DEFAULT_TARGET, "He gave me a book yesterday.", "I gave her a book.",
+    target = _word_target_tokenizer([examples.LESSON_TARGET, "He gave me a book yesterday.", "I gave her a book.",
                                      "She smiled.", "she smiled."])
     cfg = ModelConfig.tiny(src_vocab=source.vocab_size, tgt_vocab=target.vocab_size)
     with torch.random.fork_rng(devices=[]):
@@ -85,18 +88,20 @@ def untrained_model(seed: int = UNTRAINED_SEED, why: str | None = None) -> LabMo
 
 
 def load_model(model_dir: str | Path | None, *, required: bool = False) -> LabModel:
-    """The trained translator in `model_dir`; without one, the seeded untrained model.
+    """The trained translator in `model_dir` (None: glassformer.paths.default_model_dir(), as the CLI);
+    without one, the seeded untrained model.
 
     `required`: the user named the folder, so a folder that cannot be loaded is a UsageError.
     """
     if model_dir is None:
-        model_dir, required = DEFAULT_MODEL_DIR, False
+        model_dir, required = default_model_dir(), False
     folder = Path(model_dir)
     if not folder.exists() and not required:
         return untrained_model(why=f"no trained model in {folder}")
     try:
-        from ..translation.checkpoint import load_translator_parts
+        from ..translation.checkpoint import load_translator_parts, origin_summary
         model, source, target, _ = load_translator_parts(folder)
+        origin = f"{folder}: {origin_summary(folder)}"
     except UsageError as error:
         if required:
             raise
@@ -105,4 +110,4 @@ def load_model(model_dir: str | Path | None, *, required: bool = False) -> LabMo
         if required:
             raise UsageError(f"--model {folder}: cannot load the translator: {error}") from None
         return untrained_model(why=f"{folder} could not be loaded")
-    return LabModel.build(model, source, target, trained=True, origin=str(folder))
+    return LabModel.build(model, source, target, trained=True, origin=origin)

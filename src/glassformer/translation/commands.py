@@ -1,6 +1,7 @@
 """The translator's sub-commands: train, translate, evaluate, explain (argument parsers and runners).
 
-Heavy modules are imported inside the runners, so building the CLI parser stays cheap.
+`train`'s flags and runner live in train_cli.py (generated from the settings schema); decoding, data and
+evaluation modules are imported inside the runners.
 """
 
 from __future__ import annotations
@@ -13,14 +14,9 @@ from pathlib import Path
 
 from .. import limits
 from ..errors import UsageError
-
-DEFAULT_MODEL = "runs/default"
-MODEL_ENV = "GLASSFORMER_MODEL"
-
-
-def default_model_dir() -> Path:
-    """$GLASSFORMER_MODEL if set, else runs/default (the folder `make demo` trains)."""
-    return Path(os.environ.get(MODEL_ENV) or DEFAULT_MODEL)
+from ..paths import DEFAULT_MODEL, MODEL_ENV, default_model_dir
+from .train_cli import add_train_arguments, train_command  # noqa: F401  (the `train` sub-command)
+from .train_cli import at_least as _at_least
 
 
 def _model_dir(args) -> Path:
@@ -44,14 +40,21 @@ def _add_decoding(parser: argparse.ArgumentParser, beam: int = 1) -> None:
     parser.add_argument("--beam", type=_positive, default=beam,
                         help=f"beam size (default {beam}{' = greedy' if beam == 1 else '; 1 = greedy'})")
     parser.add_argument("--alpha", type=float, help="beam length penalty: score / len^alpha")
+    parser.add_argument("--max-length", type=_positive, metavar="N",
+                        help="most tokens generated per sentence, EOS included (default 2 x source length + 10; "
+                             "at most the model's max_len)")
 
 
 def _translator(args):
-    """The Translator of --model and the length penalty; the beam within its limit first."""
-    from .decode import DEFAULT_ALPHA, Translator
+    """The Translator of --model and the length penalty; the beam and --max-length within their limits first."""
+    from .search import DEFAULT_ALPHA
+    from .translator import Translator
 
     limits.check("--beam", args.beam, "MAX_BEAM")
+    if args.max_length is not None:
+        limits.check("--max-length", args.max_length, "MAX_SENTENCE_TOKENS")
     translator = Translator.load(_model_dir(args), _device(args.device))
+    translator.check_max_length(args.max_length)
     return translator, DEFAULT_ALPHA if args.alpha is None else args.alpha
 
 
@@ -61,79 +64,8 @@ def _device(name: str) -> str:
     return str(pick_device(name))
 
 
-def _at_least(low: int, what: str):
-    """An argparse type: an integer >= `low`, else one line saying what was expected."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return value
-    return parse
-
-
 _positive = _at_least(1, "a positive integer")
 _non_negative = _at_least(0, "an integer >= 0")
-
-
-# ---- train ---------------------------------------------------------------------------------
-def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    from_recipe = "(default: from the preset)"
-    parser.add_argument("--preset", default="default",
-                        help="recipe: default (the demo model), large (best quality, hours), hsk (HSK only), "
-                             "anchor, tiny (tests)")
-    parser.add_argument("--out", metavar="DIR", help="run folder (default runs/PRESET)")
-    parser.add_argument("--epochs", type=_positive, help=f"epochs {from_recipe}")
-    parser.add_argument("--max-steps", type=_positive, help="stop after this many optimizer steps in total")
-    parser.add_argument("--max-tokens", type=_positive, help=f"padded tokens per batch per rank {from_recipe}")
-    parser.add_argument("--accumulate", type=_positive, help="batches per optimizer step per rank (default 1)")
-    parser.add_argument("--lr-factor", type=float, help=f"Noam schedule factor {from_recipe}")
-    parser.add_argument("--warmup", type=_positive, help=f"Noam warm-up steps {from_recipe}")
-    parser.add_argument("--label-smoothing", type=float, help=f"label smoothing {from_recipe} (0.1)")
-    parser.add_argument("--dropout", type=float, help=f"dropout {from_recipe}")
-    parser.add_argument("--d-model", type=_positive, help=f"model width d {from_recipe}")
-    parser.add_argument("--d-ff", type=_positive, help=f"FeedForward inner width {from_recipe}")
-    parser.add_argument("--heads", type=_positive, help=f"attention heads {from_recipe}")
-    parser.add_argument("--layers", type=_positive, help=f"encoder and decoder layers each {from_recipe}")
-    parser.add_argument("--norm", choices=("post", "pre"), help=f"LayerNorm placement {from_recipe}")
-    parser.add_argument("--bpe-vocab", type=_positive, help=f"target BPE vocabulary size {from_recipe}")
-    parser.add_argument("--glosses", action=argparse.BooleanOptionalAction, default=None,
-                        help=f"add the train split's word glosses as word-level pairs {from_recipe}")
-    parser.add_argument("--char-fallback", action=argparse.BooleanOptionalAction, default=None,
-                        help=f"characters as source units too: unknown words read as characters {from_recipe}")
-    parser.add_argument("--tatoeba", action=argparse.BooleanOptionalAction, default=None,
-                        help=f"add the Tatoeba training pairs {from_recipe}")
-    parser.add_argument("--hsk-repeat", type=_positive,
-                        help=f"each HSK training pair this many times per epoch {from_recipe}")
-    parser.add_argument("--source-pieces", type=_non_negative,
-                        help="0: source words from the HSK corpus; N: a SentencePiece unigram of N pieces "
-                             f"{from_recipe}")
-    parser.add_argument("--hsk-finish", type=_non_negative,
-                        help=f"the last N epochs train on the HSK examples only {from_recipe}")
-    parser.add_argument("--source-units", choices=("raw", "gold"),
-                        help=f"train on the raw-text segmentation or the corpus's {from_recipe}")
-    parser.add_argument("--average", type=_positive,
-                        help=f"average the last K epoch checkpoints at the end {from_recipe}")
-    parser.add_argument("--seed", type=int, help="random seed (default 1)")
-    parser.add_argument("--resume", action="store_true", help="continue the run in --out where it stopped")
-    parser.add_argument("--keep", type=_non_negative, help="step checkpoints to keep (default 3; 0 = none)")
-    parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu or cuda")
-    parser.add_argument("--threads", type=_positive,
-                        help="CPU threads per process (default 2, split between DDP ranks)")
-    parser.add_argument("--limit", type=_positive, help="use only the first N training pairs (tests)")
-    parser.add_argument("--log-every", type=_positive,
-                        help="steps between metrics.jsonl lines (default 10; kept on --resume)")
-    parser.add_argument("--eval", action=argparse.BooleanOptionalAction, default=None,
-                        help="the dev BLEU after each epoch (default on; --no-eval is kept on --resume)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-
-
-def train_command(args) -> int:
-    from .train import train
-
-    return train(args)
 
 
 # ---- translate -----------------------------------------------------------------------------
@@ -149,15 +81,12 @@ def translate_command(args) -> int:
     translator, alpha = _translator(args)
     translator.batch_size = args.batch_size
     lines = list(args.text) if args.text else [line.rstrip("\r\n") for line in sys.stdin]
-    encodings = translator.analyse(lines)
     if args.verbose:
-        for n, enc in enumerate(encodings, start=1):
+        for n, enc in enumerate(translator.analyse(lines), start=1):
             unknown = f"  unknown: {' '.join(enc.unknown)}" if enc.unknown else ""
             print(f"[{n}] {'／'.join(enc.units)}{unknown}", file=sys.stderr)
-    ids = translator.check_lengths(encodings, truncate=args.truncate)
-    hyps = translator.translate_ids(ids, beam=args.beam, alpha=alpha)
-    for src, hyp in zip(ids, hyps, strict=True):
-        print(translator.detokenize(hyp) if src else "")
+    for line in translator.translate(lines, args.beam, alpha, truncate=args.truncate, max_length=args.max_length):
+        print(line)
     return 0
 
 
@@ -171,6 +100,7 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", choices=("raw", "gold"), default="raw",
                         help="raw: segment the Chinese like user input (default); gold: corpus segmentation")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
+    parser.add_argument("--hypotheses", action="store_true", help="with --json: every translation too, in order")
     parser.add_argument("--show", type=int, default=0, metavar="N", help="also print N example translations")
 
 
@@ -183,10 +113,11 @@ def evaluate_command(args) -> int:
     translator, alpha = _translator(args)
     folder = _model_dir(args)
     pairs = load_split(args.split)
-    result = evaluate_pairs(translator, pairs, args.input, args.beam, alpha)
+    result = evaluate_pairs(translator, pairs, args.input, args.beam, alpha, args.max_length)
     if args.json:
         print(json.dumps({"model": str(folder), "split": args.split, "input": args.input, "beam": args.beam,
-                          "alpha": alpha, **result.to_dict()}, ensure_ascii=False))
+                          "alpha": alpha, "max_length": args.max_length,
+                          **result.to_dict(with_hypotheses=args.hypotheses)}, ensure_ascii=False))
     else:
         print(f"{args.split} ({result.sentences} sentences, input {args.input}, beam {args.beam}): "
               f"BLEU {result.bleu:.2f}  chrF {result.chrf:.2f}")
@@ -208,8 +139,8 @@ def add_explain_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def explain_command(args) -> int:
-    from .decode import Translator
     from .explain import explain, render
+    from .translator import Translator
 
     limits.check("--top", args.top, "MAX_TOP_K")
     translator = Translator.load(_model_dir(args), _device(args.device))
@@ -218,5 +149,8 @@ def explain_command(args) -> int:
         raise UsageError(f"sentence: {units} units, over the model's limit of {translator.max_source_len} "
                          "source units (shorten it)")
     walk = explain(translator, args.sentence, target=args.target, all_layers=args.all_layers, top=args.top)
-    print(json.dumps(walk, ensure_ascii=False, indent=1) if args.json else render(walk))
+    from .checkpoint import origin_summary
+
+    walk["model"] = origin_summary(_model_dir(args))
+    print(json.dumps(walk, ensure_ascii=False, indent=1) if args.json else f"model: {walk['model']}\n{render(walk)}")
     return 0
