@@ -114,7 +114,7 @@ class Glassformer:
 
     def __init__(self, model, dtype: str, threads: int) -> None:
         from glassformer.inference.precision import with_precision
-        self.threads = threads
+        self.threads, self.pad_id = threads, model.cfg.pad_id
         self.decoder = _fast(model) if dtype == "float32" else with_precision(model, dtype)
 
     @classmethod
@@ -123,14 +123,18 @@ class Glassformer:
         return cls(load_translator_parts(run)[0], dtype, threads)
 
     def translate(self, sources: list[list[int]], beam: int, batch: int) -> list[list[int]]:
+        import torch
+
         from glassformer.inference import decoding_threads, use_threads
-        from glassformer.translation.decode import decode_batch, pad_batch
+        from glassformer.translation.search import generate, strategy
         out: list[list[int]] = [[] for _ in sources]
+        search = strategy(beam)
         with use_threads(decoding_threads(batch * beam, self.threads)):
             for chunk in sorted_batches([len(s) for s in sources], batch):
-                src = pad_batch([sources[i] for i in chunk])
-                for i, ids in zip(chunk, decode_batch(self.decoder, src, beam=beam, alpha=ALPHA), strict=True):
-                    out[i] = ids
+                src = torch.nn.utils.rnn.pad_sequence([torch.tensor(sources[i]) for i in chunk], batch_first=True,
+                                                      padding_value=self.pad_id)            # (batch, longest)
+                for i, hyps in zip(chunk, generate(self.decoder, src, search, alpha=ALPHA), strict=True):
+                    out[i] = hyps[0].tokens
         return out
 
 

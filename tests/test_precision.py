@@ -14,7 +14,7 @@ from glassformer.inference import precision
 from glassformer.inference.precision import CpuSupport, add_dtype_argument, cpu_flags, precision_note, with_precision
 from glassformer.lesson import examples
 from glassformer.model import ModelConfig, Transformer
-from glassformer.translation.decode import beam_search, greedy, pad_batch
+from glassformer.translation.search import beam_search, greedy
 from glassformer.translation.tokenize import BOS
 
 # The lesson's pairs: 我昨天给了他一本书。-> I gave him a book yesterday., the six-unit 她 sentence, 她笑了.
@@ -29,6 +29,11 @@ SV, TV = examples.SOURCE_VOCAB, examples.TARGET_VOCAB
 TOLERANCE = {"bfloat16": 0.08, "int8": 0.25}
 TORCH_AO_TOLERANCE = 0.3
 P_HIM_TOLERANCE = 0.02                           # the quality target for p(him | BOS I gave)
+
+
+def pad_batch(rows: list[list[int]]) -> torch.Tensor:
+    return torch.nn.utils.rnn.pad_sequence([torch.tensor(r) for r in rows], batch_first=True,
+                                           padding_value=examples.SOURCE_VOCAB[examples.PAD])  # (batch, longest)
 
 
 def _ids(units, vocab) -> list[int]:

@@ -16,7 +16,7 @@ from benchmarks.stats import speedup, summary
 from tokenizers import Tokenizer, models
 
 from glassformer.model import ModelConfig, Transformer
-from glassformer.translation.decode import greedy, pad_batch
+from glassformer.translation.search import greedy
 
 
 def test_sorted_batches_cover_every_sentence_once_shortest_first():
@@ -97,7 +97,7 @@ def test_the_glassformer_system_returns_outputs_in_input_order():
     with torch.no_grad():
         model.head.weight.mul_(4.0)
     sources = [[5, 6, 7, 8, 9], [12], [14, 15, 16], [18, 19]]
-    want = [greedy(model, pad_batch([s]))[0] for s in sources]
+    want = [greedy(model, torch.tensor([s]))[0] for s in sources]
     for dtype in ("float32", "int8"):
         system = race.Glassformer(model, dtype, threads=1)
         got = system.translate(sources, beam=1, batch=3)
