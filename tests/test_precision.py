@@ -11,7 +11,14 @@ from torch import nn
 
 from glassformer.errors import UsageError
 from glassformer.inference import precision
-from glassformer.inference.precision import CpuSupport, add_dtype_argument, cpu_flags, precision_note, with_precision
+from glassformer.inference.precision import (
+    CpuSupport,
+    add_dtype_argument,
+    cpu_flags,
+    precision_note,
+    precision_of,
+    with_precision,
+)
 from glassformer.lesson import examples
 from glassformer.model import ModelConfig, Transformer
 from glassformer.translation.search import beam_search, greedy
@@ -144,9 +151,10 @@ def test_bfloat16_multiplies_in_bf16_and_keeps_the_rest_float32():
     assert fast.tgt_embed.token.weight.dtype == torch.float32
 
 
-def test_float32_is_the_model_itself():
+def test_float32_is_the_model_itself_and_copies_say_their_precision():
     model = _random_model()
-    assert with_precision(model, "float32") is model
+    assert with_precision(model, "float32") is model and precision_of(model) == "float32"
+    assert [precision_of(with_precision(model, d, note=False)) for d in ("bfloat16", "int8")] == ["bfloat16", "int8"]
 
 
 @pytest.mark.parametrize("name", ["fp16", "int4", "", "Float32"])

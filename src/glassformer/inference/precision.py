@@ -181,7 +181,7 @@ def _int8(model: nn.Module) -> nn.Module:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", (DeprecationWarning, UserWarning))       # the deprecation notice
-        return quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+        return quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
 
 
 def with_precision(model: nn.Module, dtype: str, note: bool = True) -> nn.Module:
@@ -201,8 +201,15 @@ def with_precision(model: nn.Module, dtype: str, note: bool = True) -> nn.Module
         p.requires_grad_(False)
     if dtype == "bfloat16":
         _swap_linears(copied, BFloat16Linear)
-        return copied
-    return _int8(copied)
+    else:
+        copied = _int8(copied)
+    copied.precision = dtype          # the float32 fast path (StepDecoder, prepare) must leave this copy alone
+    return copied
+
+
+def precision_of(model: nn.Module) -> str:
+    """"bfloat16" or "int8" for a copy made by with_precision, else "float32"."""
+    return getattr(model, "precision", "float32")
 
 
 @functools.cache
