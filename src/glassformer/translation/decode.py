@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import UsageError
-from ..inference import StepDecoder, decoding_threads, use_threads
+from ..inference import decoding_threads, prepare, use_threads
 from ..model import Transformer
 from .tokenize import BOS, EOS, PAD, SourceEncoding, SourceTokenizer, TargetTokenizer
 
@@ -243,7 +243,7 @@ class Translator:
         order = sorted((i for i, s in enumerate(sources) if len(s)), key=lambda i: len(sources[i]))
         if not order:
             return out
-        decoder = StepDecoder(self.model) if isinstance(self.model, Transformer) else self.model
+        decoder = prepare(self.model) if isinstance(self.model, Transformer) else self.model
         with use_threads(decoding_threads(min(len(order), self.batch_size) * beam)):
             for start in range(0, len(order), self.batch_size):
                 chunk = order[start: start + self.batch_size]
