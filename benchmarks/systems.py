@@ -134,10 +134,10 @@ class Glassformer(System):
 
     @property
     def decoder(self):
-        X (built once: its weights stay fixed)."""
+        """glassformer.inference.prepare of the decoding model (built once: its weights stay fixed)."""
         if getattr(self, "_decoder", None) is None:
-            from glassformer.inference import StepDecoder
-            self._decoder = StepDecoder(self.fresh)
+            from glassformer.inference import prepare
+            self._decoder = prepare(self.fresh)
         return self._decoder
 
     @staticmethod

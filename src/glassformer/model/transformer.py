@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .cache import KVCache
 from .config import ModelConfig
 from .hooks import Hooked, HookPoint
-from .cache import KVCache
 from .layers import DecoderLayer, EncoderLayer
 from .masks import padding_mask
 from .positions import LearnedPositions, sinusoidal_positions
