@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..errors import UsageError
-from ..model.readout import next_token_walk, walk_inputs
+from ..readout import next_token_walk, walk_inputs
 from .decode import Translator, greedy, output_limits
 from .tokenize import BOS, EOS
 
