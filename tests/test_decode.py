@@ -1,5 +1,7 @@
-"""Decoding: cached logits equal recomputed ones, batch composition does not change a translation,
-beam search finds the exhaustive optimum on a fixed-probability model, beam 1 equals greedy."""
+"""Decoding: a batch in which sentences end at different steps decodes each sentence as it decodes
+alone (greedy and beam, through the model's cache); greedy equals an independent argmax walk that
+stops at the first EOS; the special ids come from the model; beam search finds the exhaustive optimum
+(and the n best) of a fixed-probability model, scored with the test's own length penalty."""
 
 from __future__ import annotations
 
@@ -8,91 +10,205 @@ import math
 
 import pytest
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from glassformer.model import ModelConfig, Transformer
-from glassformer.translation.decode import beam_search, greedy, length_normalized, output_limits, pad_batch
-from glassformer.translation.tokenize import BOS, EOS, PAD
+from glassformer.translation.search import (
+    BeamSearch,
+    Greedy,
+    beam_search,
+    generate,
+    greedy,
+    output_limits,
+)
+
+
+def pad(sequences, pad_id: int = 0) -> torch.Tensor:
+    return pad_sequence([torch.tensor(s, dtype=torch.long) for s in sequences], batch_first=True,
+                        padding_value=pad_id)
+
+
+def seeded(cfg: ModelConfig, seed: int, sharpen: float = 4.0) -> Transformer:
+    """A model whose weights come from `seed` by parameter name (not by construction order); the head
+    sharpened so that distributions are peaked (few near-ties)."""
+    model = Transformer(cfg).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if p.dim() == 1 and "norm" in name:
+                p.fill_(1.0 if name.endswith("weight") else 0.0)
+            elif p.dim() == 1:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / p.size(1) ** 0.5)
+        model.head.weight.mul_(sharpen)
+    return model
 
 
 def _model(positions: str = "sinusoidal", seed: int = 0) -> Transformer:
     torch.manual_seed(seed)
     cfg = ModelConfig.tiny(src_vocab=40, tgt_vocab=30, positions=positions, norm_placement="post")
     model = Transformer(cfg).eval()
-    with torch.no_grad():                       # sharper distributions: fewer near-ties, more EOS
+    with torch.no_grad():                       # sharper distributions: fewer near-ties
         model.head.weight.mul_(4.0)
     return model
 
 
-SOURCES = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17], [18]]
+SOURCES = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17], [18], [19, 20, 21, 22, 23], [24, 25, 26]]
+LIMIT = 12
 
 
+def ending_model() -> Transformer:
+    """A tiny model that ends sentences at different steps: EOS wins a row exactly when the row's best
+    other token has an id = 1 (mod 4); else EOS and PAD cannot be chosen. A function of each row alone,
+    so it acts the same in a batch, alone, stepped through the cache or in a full forward."""
+    cfg = ModelConfig.tiny(src_vocab=40, tgt_vocab=30, tie_target=False)
+    model = seeded(cfg, 0)
+
+    def ending(logits, name):
+        v = logits.clone()
+        v[..., cfg.eos_id] = v[..., cfg.pad_id] = -math.inf
+        top, winner = v.max(dim=-1)
+        v[..., cfg.eos_id] = torch.where(winner % 4 == 1, top + 1.0, -math.inf)
+        return v
+
+    model.ending = ending
+    return model
+
+
+def argmax_walk(model, source: list[int], limit: int) -> list[int]:
+    """Greedy written out: a full forward over BOS + the prefix at each step (no cache), the most
+    probable token other than PAD, stop at the first EOS or after `limit` tokens."""
+    cfg = model.cfg
+    src = torch.tensor([source])
+    prefix: list[int] = []
+    with torch.no_grad():
+        for _ in range(limit):
+            logits = model(src, torch.tensor([[cfg.bos_id, *prefix]]))[0, -1]    # (vocab,)
+            logits[cfg.pad_id] = -math.inf
+            token = int(logits.argmax())
+            if token == cfg.eos_id:
+                break
+            prefix.append(token)
+    return prefix
+
+
+# ---- sentences that end at different steps ------------------------------------------------
+@pytest.mark.parametrize("search, alpha", [(Greedy(), 1.0), (BeamSearch(3), 0.6), (BeamSearch(3), 1.0),
+                                           (BeamSearch(4), 0.0)])
+def test_a_batch_decodes_each_sentence_as_it_decodes_alone(search, alpha):
+    model = ending_model()
+    with model.intervene({"logits": model.ending}):
+        together = generate(model, pad(SOURCES), search, alpha=alpha, max_len=LIMIT)
+        alone = [generate(model, pad([s]), search, alpha=alpha, max_len=LIMIT)[0] for s in SOURCES]
+    ends = [len(h[0].tokens) for h in together if h[0].finished]
+    assert len(set(ends)) >= 3, f"premise: sentences should end at different steps, got {ends}"
+    assert any(not h[0].finished and len(h[0].tokens) == LIMIT for h in together), "premise: one runs to the limit"
+    for b, (batched, single) in enumerate(zip(together, alone, strict=True)):
+        assert batched[0].tokens == single[0].tokens, f"sentence {b}"
+        assert batched[0].finished == single[0].finished
+        assert batched[0].score == pytest.approx(single[0].score, rel=1e-6, abs=1e-6), f"sentence {b}"
+
+
+def test_greedy_equals_an_independent_argmax_walk_that_stops_at_the_first_eos():
+    model = ending_model()
+    with model.intervene({"logits": model.ending}):
+        batched = greedy(model, pad(SOURCES), max_len=LIMIT)
+        walks = [argmax_walk(model, s, LIMIT) for s in SOURCES]
+    assert batched == walks
+    assert len({len(w) for w in walks if len(w) < LIMIT}) >= 3             # premise: different end steps
+    assert all(model.cfg.eos_id not in w for w in batched)
+
+
+def test_greedy_is_the_prefix_of_a_longer_greedy_and_respects_each_limit():
+    model = ending_model()
+    limits = torch.tensor([3, 1, 12, 2, 5, 4])
+    with model.intervene({"logits": model.ending}):
+        full = greedy(model, pad(SOURCES), max_len=LIMIT)
+        cut = greedy(model, pad(SOURCES), max_len=limits)
+    for f, c, n in zip(full, cut, limits.tolist(), strict=True):
+        assert c == f[:n]                                                    # EOS counts: n tokens at most
+
+
+def test_special_ids_come_from_the_model():
+    """Marian's layout: EOS 0, PAD the last id, the decoder starts from PAD; PAD is never generated even
+    where it is the most probable token."""
+    cfg = ModelConfig.tiny(src_vocab=40, tgt_vocab=30, tie_target=False, head_bias=True, pad_id=29, bos_id=29,
+                           eos_id=0)
+    model = seeded(cfg, 1)
+    with torch.no_grad():
+        model.head.bias[cfg.pad_id] = 100.0                                 # PAD would win every step
+    sources = [[5, 6, 7], [8, 9, 10, 11, 12]]
+    src = pad(sources, cfg.pad_id)
+    with torch.no_grad():
+        first = model(src[:1], torch.tensor([[cfg.bos_id]]))[0, -1]
+    assert int(first.argmax()) == cfg.pad_id                                 # premise
+    out = greedy(model, src, max_len=8)
+    assert out == [argmax_walk(model, s, 8) for s in sources]
+    assert all(cfg.pad_id not in o for o in out)
+    beams = generate(model, src, BeamSearch(3), max_len=8, n_best=3)
+    assert all(cfg.pad_id not in h.tokens for hyps in beams for h in hyps)
+
+
+def test_n_best_returns_n_distinct_hypotheses_best_first():
+    model = ending_model()
+    with model.intervene({"logits": model.ending}):
+        hyps = generate(model, pad(SOURCES), BeamSearch(4), alpha=1.0, max_len=LIMIT, n_best=3)
+        one = generate(model, pad(SOURCES), BeamSearch(4), alpha=1.0, max_len=LIMIT)
+    for h, o in zip(hyps, one, strict=True):
+        assert len(h) == 3 and len({tuple(x.tokens) for x in h}) == 3
+        assert [x.normalized for x in h] == sorted((x.normalized for x in h), reverse=True)
+        assert h[0].tokens == o[0].tokens
+    with pytest.raises(ValueError, match="n_best"):
+        generate(model, pad(SOURCES), BeamSearch(2), n_best=3)
+
+
+# ---- the model's own cache ------------------------------------------------------------------
 @pytest.mark.parametrize("positions", ["sinusoidal", "learned", "relative", "rope"])
 def test_cached_logits_equal_full_forward(positions):
     model = _model(positions)
-    src = pad_batch(SOURCES)
+    cfg = model.cfg
+    src = pad(SOURCES)
     out = greedy(model, src, max_len=8)
-    tgt = pad_batch([[BOS] + o for o in out])                             # generated prefixes
+    tgt = pad([[cfg.bos_id] + o for o in out])                              # generated prefixes
     with torch.no_grad():
-        full = model(src, tgt)                                            # (batch, tgt, vocab)
+        full = model(src, tgt)                                               # (batch, tgt, vocab)
         memory = model.encode(src)
         cache = model.new_cache()
-        steps = [model.decode_step(tgt[:, t: t + 1], memory, src == PAD, cache)[:, 0]
+        steps = [model.decode_step(tgt[:, t: t + 1], memory, src == cfg.pad_id, cache)[:, 0]
                  for t in range(tgt.size(1))]
     cached = torch.stack(steps, dim=1)
-    for b, o in enumerate(out):                                           # rows up to each sentence's end
+    for b, o in enumerate(out):                                              # rows up to each sentence's end
         n = len(o) + 1
         torch.testing.assert_close(cached[b, :n], full[b, :n], atol=1e-5, rtol=1e-5)
 
 
-def test_greedy_matches_step_by_step_argmax_without_cache():
-    model = _model()
-    src = pad_batch(SOURCES[:1])
-    out = greedy(model, src, max_len=6)[0]
-    prefix = [BOS]
-    with torch.no_grad():
-        for _ in range(6):
-            nxt = int(model(src, torch.tensor([prefix]))[0, -1].argmax())
-            if nxt == EOS:
-                break
-            prefix.append(nxt)
-    assert out == prefix[1:]
-
-
-@pytest.mark.parametrize("beam", [1, 3])
-def test_sentence_decodes_the_same_alone_and_in_a_batch(beam):
-    model = _model()
-    batch = pad_batch(SOURCES)
-    limit = torch.tensor([len(s) + 4 for s in SOURCES])                   # per-sentence output limits
-
-    def run(src, lim):
-        return greedy(model, src, max_len=lim) if beam == 1 else beam_search(
-            model, src, beam=beam, alpha=0.6, max_len=lim)
-
-    together = run(batch, limit)
-    for b, s in enumerate(SOURCES):
-        single = run(pad_batch([s]), limit[b: b + 1])
-        assert single[0] == together[b]
-    assert any(len(t) > 0 for t in together)
-
-
 def test_beam_one_is_greedy_without_length_penalty():
-    model = _model()
-    src = pad_batch(SOURCES)
-    assert beam_search(model, src, beam=1, alpha=0.0, max_len=10) == greedy(model, src, max_len=10)
+    model = ending_model()
+    with model.intervene({"logits": model.ending}):
+        assert beam_search(model, pad(SOURCES), beam=1, alpha=0.0, max_len=10) == \
+            greedy(model, pad(SOURCES), max_len=10)
 
 
 def test_output_limit_follows_source_length():
-    pad = pad_batch([[5] * 7, [6]]) == PAD
-    assert output_limits(pad, model_max_len=64, a=2.0, b=10).tolist() == [24, 12]
-    assert output_limits(pad, model_max_len=20, a=2.0, b=10).tolist() == [20, 12]
+    src_pad = pad([[5] * 7, [6]]) == 0
+    assert output_limits(src_pad, model_max_len=64, a=2.0, b=10).tolist() == [24, 12]
+    assert output_limits(src_pad, model_max_len=20, a=2.0, b=10).tolist() == [20, 12]
     model = _model()
-    out = greedy(model, pad_batch([[5]]), max_len=3)
+    out = greedy(model, pad([[5]]), max_len=3)
     assert len(out[0]) <= 3
 
 
 # ---- a model with fixed next-token probabilities ------------------------------------------
 A, B, C = 4, 5, 6
 VOCAB = 7
+BOS, EOS = 1, 2                  # ModelConfig's default ids, used by TableModel's config
+
+
+def penalised(score: float, length: int, alpha: float) -> float:
+    """The test's own length penalty (the convention of docs/translator.md): summed log-prob divided by
+    length^alpha, the length counting every generated token including EOS."""
+    return score / math.pow(length, alpha)
 
 
 class _PrefixCache:
@@ -110,7 +226,7 @@ class TableModel:
 
     def __init__(self, table) -> None:
         self.table = table
-        self.cfg = ModelConfig.tiny(max_len=64)
+        self.cfg = ModelConfig.tiny(max_len=64, tgt_vocab=VOCAB)
 
     def encode(self, src, src_pad=None):
         return torch.zeros(src.size(0), src.size(1), 1)
@@ -152,44 +268,38 @@ def _random_table(seed):
     return table
 
 
-def _exhaustive(table, limit, alpha):
-    """Best sequence by score / len^alpha over every path: EOS at length <= limit, or cut at the limit."""
-    best, best_seq = -math.inf, None
+def _every_path(table, limit, alpha):
+    """(penalised score, ids without EOS) of every path: EOS at length <= limit, or cut at the limit; best first."""
+    paths = []
     for n in range(1, limit + 1):
         for body in itertools.product((A, B, C), repeat=n - 1):
-            endings = [EOS] + ([A, B, C] if n == limit else [])
-            for end in endings:
+            for end in [EOS] + ([A, B, C] if n == limit else []):
                 seq = body + (end,)
-                score, ok = 0.0, True
-                for i, tok in enumerate(seq):
-                    p = table(seq[:i]).get(tok, 0.0)
-                    if p == 0:
-                        ok = False
-                        break
-                    score += math.log(p)
-                if ok and length_normalized(score, n, alpha) > best + 1e-12:
-                    best, best_seq = length_normalized(score, n, alpha), [t for t in seq if t != EOS]
-    return best_seq, best
+                probs = [table(seq[:i]).get(tok, 0.0) for i, tok in enumerate(seq)]
+                if all(p > 0 for p in probs):
+                    score = sum(math.log(p) for p in probs)
+                    paths.append((penalised(score, n, alpha), [t for t in seq if t != EOS]))
+    return sorted(paths, key=lambda p: -p[0])
 
 
 def test_beam_search_beats_greedy_on_the_designed_table():
     model = TableModel(_designed)
-    src = torch.tensor([[7, 8]])
+    src = torch.tensor([[3, 3]])
     assert greedy(model, src, max_len=4)[0][0] == A
     assert beam_search(model, src, beam=2, alpha=0.0, max_len=4)[0] == [B]
-    assert _exhaustive(_designed, 4, 0.0)[0] == [B]
+    assert _every_path(_designed, 4, 0.0)[0][1] == [B]
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0, 2.0])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_wide_beam_finds_the_exhaustive_optimum(alpha, seed):
+def test_wide_beam_finds_the_exhaustive_n_best(alpha, seed):
     table = _random_table(seed)
     model = TableModel(table)
     limit = 4
-    expected, expected_score = _exhaustive(table, limit, alpha)
-    hyp = beam_search(model, torch.tensor([[9, 9, 9]]), beam=128, alpha=alpha, max_len=limit, n_best=True)[0]
-    assert hyp.tokens == expected
-    assert hyp.normalized == pytest.approx(expected_score, abs=1e-9)
+    expected = _every_path(table, limit, alpha)[:3]
+    hyps = generate(model, torch.tensor([[3, 3, 3]]), BeamSearch(128), alpha=alpha, max_len=limit, n_best=3)[0]
+    assert [h.tokens for h in hyps] == [ids for _, ids in expected]
+    assert [h.normalized for h in hyps] == pytest.approx([s for s, _ in expected], abs=1e-9)
 
 
 def test_length_penalty_keeps_searching_after_the_first_finished_beam():
@@ -203,9 +313,10 @@ def test_length_penalty_keeps_searching_after_the_first_finished_beam():
         return {EOS: 0.99, A: 0.01}
 
     model = TableModel(table)
-    src = torch.tensor([[9]])
+    src = torch.tensor([[3]])
     short = beam_search(model, src, beam=2, alpha=0.0, max_len=6)[0]
     longer = beam_search(model, src, beam=2, alpha=1.0, max_len=6)[0]
     assert short == []                                     # 0.4 beats 0.6 x .7 x .7 x .99 = 0.29 unnormalised
-    assert longer == [A, A, A]                             # divided by its length it wins
-    assert longer == _exhaustive(table, 6, 1.0)[0]
+    assert longer == [A, A, A]                             # divided by its length (4, EOS counted) it wins
+    assert penalised(math.log(0.6 * 0.7 * 0.7 * 0.99), 4, 1.0) > penalised(math.log(0.4), 1, 1.0)
+    assert longer == _every_path(table, 6, 1.0)[0][1]

@@ -22,7 +22,7 @@ from tests.test_lab_api import post_json, request
 from glassformer.errors import UsageError
 from glassformer.lab import connection
 from glassformer.lab import server as server_module
-from glassformer.lab.api import DEFAULT_SOURCE, DEFAULT_TARGET, ApiError, LabAPI, untrained_model
+from glassformer.lab.api import DEFAULT_SOURCE, DEFAULT_TARGET, LabAPI, untrained_model
 from glassformer.lab.server import make_server, serve_in_thread
 from glassformer.lesson import claims, examples
 from glassformer.lesson.spec import run_spec
@@ -314,9 +314,9 @@ SENTENCE = st.dictionaries(KEYS, JSON | st.text(max_size=30), max_size=4)
 @given(body=JSON | SENTENCE)
 def test_generated_sentence_bodies_are_answered_or_refused_in_one_line(api, body):
     try:
-        api.handle("POST", "/api/sentence", body)
-    except ApiError as error:
-        assert 400 <= error.status < 500 and "\n" not in error.message and error.field
+        api.sentence(body)
+    except UsageError as error:
+        assert 400 <= error.status < 500 and "\n" not in str(error) and error.field
 
 
 @settings(max_examples=150, deadline=None)
@@ -325,9 +325,9 @@ def test_generated_sentence_bodies_are_answered_or_refused_in_one_line(api, body
                                          optional={"q": JSON, "k": JSON, "v": JSON, "x": JSON, "mask": JSON}))
 def test_generated_trace_bodies_are_refused_in_one_line(api, body):
     try:
-        api.handle("POST", "/api/trace", body)
-    except ApiError as error:
-        assert 400 <= error.status < 500 and "\n" not in error.message
+        api.trace(body)
+    except UsageError as error:
+        assert 400 <= error.status < 500 and "\n" not in str(error)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from glassformer.lab.api import ApiError, LabAPI, untrained_model
+from glassformer.errors import UsageError
+from glassformer.lab.api import LabAPI, untrained_model
 
 
 @pytest.fixture(scope="module")
@@ -13,7 +14,7 @@ def api() -> LabAPI:
 
 
 def test_default_patch_is_the_lesson_sentence(api):
-    out = api.handle("POST", "/api/patch", {})
+    out = api.patch({})
     cfg = out["model"]["config"]
     assert out["clean_units"] == ["我", "昨天", "给", "了", "他", "一", "本", "书", "。"]
     assert out["row_sees"] == ["<s>", "I", "gave"] and out["predict"] == "him"
@@ -26,7 +27,7 @@ def test_default_patch_is_the_lesson_sentence(api):
 
 
 def test_heads_only_takes_sentences_of_other_lengths(api):
-    out = api.handle("POST", "/api/patch", {"corrupt": ["我／给／了／她／一／本／书／。"], "positions": False})
+    out = api.patch({"corrupt": ["我／给／了／她／一／本／书／。"], "positions": False})
     assert out["runs"][0]["positions"] is None and len(out["runs"][0]["heads"]) > 0
 
 
@@ -41,6 +42,6 @@ def test_heads_only_takes_sentences_of_other_lengths(api):
     ({"layer": 1}, "layer", "unknown key"),
 ])
 def test_bad_bodies_are_400_naming_the_field(api, body, field, words):
-    with pytest.raises(ApiError) as caught:
-        api.handle("POST", "/api/patch", body)
-    assert caught.value.status == 400 and caught.value.field.split("[")[0] == field and words in caught.value.message
+    with pytest.raises(UsageError) as caught:
+        api.patch(body)
+    assert caught.value.status == 400 and caught.value.field.split("[")[0] == field and words in str(caught.value)

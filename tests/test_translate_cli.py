@@ -17,6 +17,7 @@ import torch
 from glassformer.cli import main
 from glassformer.translation.commands import add_train_arguments
 from glassformer.translation.train import train
+from glassformer.translation.translator import Translator
 
 LIMIT = 64  # the tiny preset's max_len
 
@@ -115,11 +116,27 @@ def test_explain_shows_the_gave_row(model_dir, capsys, monkeypatch):
     row = walk["rows"][focus["row"]]
     seen = "".join(row["sees"][1:]).replace("▁", " ").split()
     assert seen[-1] == "gave" and "him" not in seen                    # sees up to gave, never him
-    assert 0.0 < focus["p"] < 1.0
-    assert focus["token"] in [c["token"] for c in row["top"]] or focus["p"] <= row["top"][-1]["p"]
-    for r in walk["rows"]:
-        probs = [c["p"] for c in r["top"]]
-        assert probs == sorted(probs, reverse=True) and sum(probs) <= 1.0 + 1e-6
+    # every number against a teacher-forced pass computed here: softmax of the model's logits per row
+    translator = Translator.load(model_dir)
+    cfg, tok = translator.model.cfg, translator.target
+    inputs = [cfg.bos_id, *tok.encode(target)]
+    with torch.no_grad():
+        logits = translator.model(torch.tensor([translator.source.analyse("我昨天给了他一本书。").ids]),
+                                  torch.tensor([inputs]))[0]                 # (tgt, vocab)
+    probs = torch.softmax(logits.double(), dim=-1)
+    assert len(walk["rows"]) == len(inputs)
+    assert walk["inputs"][1:] == [tok.id_to_token(i) for i in inputs[1:]]
+    him = tok.token_to_id(tok.tokens("him")[0])
+    assert focus["token"] == tok.tokens("him")[0] and row["next"] == focus["token"]    # teacher-forced: him
+    assert focus["p"] == pytest.approx(float(probs[focus["row"], him]), abs=1e-4) and focus["p"] == row["p_next"]
+    for r, labels in zip(walk["rows"], [*inputs[1:], cfg.eos_id], strict=True):
+        p = probs[r["row"]]
+        assert r["p_next"] == pytest.approx(float(p[labels]), abs=1e-4)
+        assert r["rank"] == int((p > p[labels]).sum()) + 1
+        values, ids = p.topk(5)
+        assert [c["p"] for c in r["top"]] == pytest.approx(values.tolist(), abs=1e-4)
+        assert [c["token"] for c in r["top"]] == ["</s>" if i == cfg.eos_id else tok.id_to_token(i)
+                                                 for i in ids.tolist()]
         assert len(r["sees"]) == r["row"] + 1
         assert all(0.0 < h["weight"] <= 1.0 and h["unit"] in walk["units"] for h in r["cross_attention"])
     code, text, _ = _run(capsys, monkeypatch, ["explain", "我昨天给了他一本书。", "--model", str(model_dir)])
@@ -136,27 +153,74 @@ def test_evaluate_prints_bleu_and_chrf_with_signatures(model_dir, capsys, monkey
     assert result["beam"] == 4 and result["alpha"] == 1.0          # scores are reported with beam 4 (docs)
 
 
-def test_explain_of_a_greedy_output_cut_at_the_limit_ends_without_eos(model_dir, capsys, monkeypatch):
-    import glassformer.translation.explain as explain_module
-    from glassformer.translation.decode import output_limits
+def test_explain_of_a_greedy_output_cut_at_the_limit_ends_without_eos(model_dir):
+    """A model that never chooses EOS (planted on its logits) runs to the output limit: the walk says it
+    was cut, and its last row predicts the model's own choice, not EOS."""
+    from glassformer.translation.explain import explain, render
+    from glassformer.translation.search import output_limits
 
-    def cut_greedy(model, src, *args, **kw):                 # as if the model never chose EOS
-        limit = int(output_limits(src == model.cfg.pad_id, model.cfg.max_len)[0])
-        return [[7] * limit]
-    monkeypatch.setattr(explain_module, "greedy", cut_greedy)
-    code, out, _ = _run(capsys, monkeypatch, ["explain", "我很好。", "--model", str(model_dir), "--json"])
-    assert code == 0
-    walk = json.loads(out)
+    translator = Translator.load(model_dir)
+    cfg = translator.model.cfg
+
+    def no_eos(logits, name):
+        logits = logits.clone()
+        logits[..., cfg.eos_id] = -torch.inf
+        return logits
+
+    ids = translator.source.analyse("我很好。").ids
+    limit = int(output_limits(torch.tensor([[False] * len(ids)]), cfg.max_len)[0])
+    with translator.model.intervene({"logits": no_eos}):
+        walk = explain(translator, "我很好。")
     assert walk["finished"] is False
+    assert len(walk["inputs"]) == limit + 1             # BOS + the limit's tokens; the last row predicts past it
     last = walk["rows"][-1]
     assert last["next"] != "</s>" and last["rank"] == 1 and last["next"] == last["top"][0]["token"]
-    code, text, _ = _run(capsys, monkeypatch, ["explain", "我很好。", "--model", str(model_dir)])
-    assert code == 0 and "cut at the length limit" in text
+    assert all(c["token"] != "</s>" for r in walk["rows"] for c in r["top"])
+    assert "cut at the length limit" in render(walk)
+
+
+def test_translate_prints_what_the_translator_returns(model_dir, capsys, monkeypatch):
+    lines = ["我很好。", "", "你叫什么名字？", "我昨天给了他一本书。"]
+    code, out, _ = _run(capsys, monkeypatch, ["translate", "--model", str(model_dir), "--beam", "2"],
+                        stdin="\n".join(lines) + "\n")
+    assert code == 0
+    assert out.split("\n")[:-1] == Translator.load(model_dir).translate(lines, beam=2)
+
+
+def test_max_length_cuts_each_output_to_n_tokens(model_dir, capsys, monkeypatch):
+    translator = Translator.load(model_dir)
+    sources = [translator.source.analyse(t).ids for t in ("我很好。", "你叫什么名字？", "我昨天给了他一本书。")]
+    full = translator.translate_ids(sources)
+    assert max(len(f) for f in full) >= 3                                    # premise: something to cut
+    for n in (1, 2, 3):
+        assert translator.translate_ids(sources, max_length=n) == [f[:n] for f in full]   # greedy: a prefix
+    code, out, _ = _run(capsys, monkeypatch, ["translate", "--model", str(model_dir), "--max-length", "2",
+                                              "我昨天给了他一本书。"])
+    assert code == 0 and out == translator.detokenize(full[2][:2]) + "\n"
+    code, out, _ = _run(capsys, monkeypatch, ["evaluate", "--model", str(model_dir), "--split", "dev",
+                                              "--input", "gold", "--beam", "1", "--max-length", "1", "--json",
+                                              "--hypotheses"])
+    result = json.loads(out)
+    assert code == 0 and result["max_length"] == 1 and len(result["hypotheses"]) == 232
+    assert all(len(h.split()) <= 1 for h in result["hypotheses"])              # one sub-word: at most a word
+    assert any(h for h in result["hypotheses"])
+
+
+@pytest.mark.parametrize("value, expected", [("0", "--max-length: expected a positive integer"),
+                                             ("x", "--max-length: expected a positive integer"),
+                                             ("513", "MAX_SENTENCE_TOKENS"),
+                                             (str(LIMIT + 1), f"the model's limit of {LIMIT} target positions")])
+def test_max_length_bad_values_are_one_line_exit_2(model_dir, capsys, monkeypatch, value, expected):
+    try:
+        code, out, err = _run(capsys, monkeypatch, ["translate", "--model", str(model_dir), "--max-length", value,
+                                                    "你好"])
+    except SystemExit as stop:                                              # argparse's own exit
+        code, (out, err) = stop.code, capsys.readouterr()
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and expected in err and "Traceback" not in err
 
 
 def _known_units(model_dir, n):
-    from glassformer.translation.decode import Translator
-
     vocab = Translator.load(model_dir).source.vocab
     units = [u for u in vocab.tokens if len(u) == 1 and "\u4e00" <= u <= "\u9fff"]
     return units[:n]

@@ -21,7 +21,8 @@ import math
 import torch
 
 from glassformer.lab.api import load_model
-from glassformer.translation.decode import beam_search, greedy, length_normalized, output_limits
+from glassformer.lesson import examples
+from glassformer.translation.search import BeamSearch, generate, greedy, length_normalized, output_limits
 from glassformer.translation.tokenize import BOS, EOS
 
 # %% md zh
@@ -35,7 +36,7 @@ from glassformer.translation.tokenize import BOS, EOS
 lab = load_model(MODEL_DIR)
 model = lab.model
 print(lab.origin)
-source = "我／昨天／给／了／他／一／本／书／。"
+source = examples.in_units(examples.NINE_UNITS)                          # 我／昨天／给／了／他／一／本／书／。
 src = torch.tensor([lab.source.analyse(source).ids])                      # (1, src)
 src_pad = src == model.cfg.pad_id                                         # (1, src) True = PAD
 limit = int(output_limits(src_pad, model.cfg.max_len)[0])                 # at most 2·len + 10 tokens
@@ -74,7 +75,7 @@ with torch.no_grad():
             break
         chosen.append(token)
 print(T("greedy：", "greedy:"), lab.target.decode(chosen))
-print(T("与 decode.greedy 相同：", "same as decode.greedy:"), greedy(model, src)[0] == chosen)
+print(T("与 search.greedy 相同：", "same as search.greedy:"), greedy(model, src)[0] == chosen)
 
 # %%
 fig, ax = plt.subplots(figsize=(6, 2.8))
@@ -117,7 +118,7 @@ print(T("teacher forcing 与逐步 + cache 的最大差：", "largest gap, teach
 # 其余最好的 $K$ 个继续。完成的句子按 $\text{score}/\text{len}^{\alpha}$ 比较（长度惩罚，$\alpha=1$）。
 # cache 跟着 beam 走：每一步按选中的父 beam 重排（`cache.reorder`），所以 batch 维是 $K$。
 #
-# 下面的循环为了好读写得很直白，规则与 `glassformer.translation.decode.beam_search` 相同，最后两者对照。
+# 下面的循环为了好读写得很直白，规则与 `glassformer.translation.search` 的 `BeamSearch` 相同，最后两者对照。
 # %% md en
 # ## 3. Beam search: keep K candidates at once
 #
@@ -128,7 +129,7 @@ print(T("teacher forcing 与逐步 + cache 的最大差：", "largest gap, teach
 # beams: each step it is reordered by the chosen parent beams (`cache.reorder`), so its batch size is $K$.
 #
 # The loop below is written plainly for reading; its rules are those of
-# `glassformer.translation.decode.beam_search`, and the two are compared at the end.
+# `BeamSearch` in `glassformer.translation.search`, and the two are compared at the end.
 
 # %%
 K, alpha = 3, 1.0
@@ -170,9 +171,9 @@ with torch.no_grad():
         cache.reorder(torch.tensor([pa for pa, _, _ in live]))            # the cache follows the beams
         beams = [(beams[pa][0] + [t], s) for pa, t, s in live]
         tokens = torch.tensor([[t] for _, t, _ in live])
-    library = beam_search(model, src, beam=K, alpha=alpha, n_best=True)[0]
+    library = generate(model, src, BeamSearch(K), alpha=alpha)[0][0]  # the best hypothesis of sentence 0
 print(T("beam search：", "beam search:"), lab.target.decode(best[0]))
-print(T("与 decode.beam_search 相同：", "same as decode.beam_search:"), library.tokens == best[0],
+print(T("与 search.BeamSearch 相同：", "same as search.BeamSearch:"), library.tokens == best[0],
       f"(score {library.score:.4f})")
 print(T("greedy：", "greedy:"), lab.target.decode(chosen))
 

@@ -1,10 +1,10 @@
-import os
 import warnings
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib import font_manager
+
+from glassformer.paths import default_model_dir
 
 
 def T(zh, en):
@@ -12,8 +12,9 @@ def T(zh, en):
     return zh if LANG == "zh" else en
 
 
-# A trained translator (`make demo` trains one into runs/default); without it the seeded untrained model.
-MODEL_DIR = Path(os.environ.get("GLASSFORMER_MODEL", "../../runs/default"))
+# A trained translator ($GLASSFORMER_MODEL, else runs/default, which `make demo` trains; the notebooks run two
+# folders below the repository root); without it the seeded untrained model.
+MODEL_DIR = default_model_dir("../..")
 
 # Chinese labels need a CJK font: take the first one installed.
 CJK_FONTS = ["Noto Sans CJK SC", "Source Han Sans SC", "WenQuanYi Micro Hei", "WenQuanYi Zen Hei", "SimHei",

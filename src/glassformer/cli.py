@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("glassformer.translation.commands", "the lesson's walk in numbers for one sentence"),
     "patch": ("glassformer.translation.patching", "activation patching: which heads and positions carry 他 to `him`"),
     "lab": ("glassformer.lab.commands", "the browser lab: follow one token through the Transformer"),
+    "import": ("glassformer.interop.importer", "a Hugging Face Marian folder (OPUS-MT) as a run folder"),
+    "export": ("glassformer.interop.export", "a run folder as a transformers or CTranslate2 model folder"),
 }
 
 

@@ -41,7 +41,8 @@ MAX_LEN = 8192                       # max_len: positions a model handles
 MAX_VOCAB = 262_144                  # src_vocab, tgt_vocab, and the entries of vocab.json
 MAX_PARAMETERS = 400_000_000         # parameters of a whole translator (1.6 GB in float32)
 MAX_CONFIG_BYTES = 64 << 10          # config.json
-MAX_VOCAB_BYTES = 32 << 20           # vocab.json / target tokenizer file
+MAX_VOCAB_BYTES = 32 << 20           # vocab.json / target tokenizer file / a SentencePiece model
+MAX_WEIGHTS_BYTES = 2 << 30          # a weights file read by `glassformer import` (2 GiB)
 
 _ENFORCED: ContextVar[bool] = ContextVar("glassformer_limits_enforced", default=True)
 

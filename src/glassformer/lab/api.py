@@ -1,10 +1,11 @@
 """The lab's JSON API, independent of HTTP: one method per endpoint, plain dicts in and out.
 
-Endpoints (documented in docs/lab.md): POST /api/trace, GET /api/block, POST /api/sentence,
-GET /api/masks, GET /api/verify, POST /api/patch, GET /api/info. Bodies are checked by glassformer.validation; bad
-input raises `ApiError` (status 400, or 413 over a limit of glassformer.limits, and the offending
-field); the server turns it into {"error": ..., "field": ...}. The model is shared by
-every request thread, so each use of it holds `LabAPI.lock` and runs under torch.inference_mode.
+Endpoints (documented in docs/lab.md) are the rows of `LabAPI.ROUTES`: POST /api/trace, GET /api/block,
+POST /api/sentence, GET /api/masks, GET /api/verify, POST /api/patch, GET /api/info. Bodies are checked by
+glassformer.validation; bad input raises glassformer.errors.UsageError (its `status` 400, or 413 over a
+limit of glassformer.limits, and its `field`); the server turns it into {"error": ..., "field": ...}. The
+model is shared by every request thread, so each use of it holds `LabAPI.lock` and runs under
+torch.inference_mode.
 """
 
 from __future__ import annotations
@@ -22,35 +23,21 @@ from pydantic import BeforeValidator, Field
 from .. import __version__, limits
 from ..errors import UsageError
 from ..lesson import examples
-from ..lesson.views import lesson_batch, next_token_walk, walk_inputs
+from ..lesson.views import lesson_batch
 from ..model import Recording, Transformer
-from ..translation.decode import greedy, output_limits
+from ..translation.explain import walk_sentence
 from ..translation.patching import MAX_CORRUPT, lesson_patching
-from ..translation.tokenize import BOS, EOS, PAD
 from ..validation import Schema, Text, type_name, validate
-from .models import DEFAULT_MODEL_DIR, DEFAULT_TARGET, UNTRAINED_SEED, LabModel, load_model, untrained_model
+from .models import UNTRAINED_SEED, LabModel, load_model, untrained_model
 
-__all__ = ["DEFAULT_MODEL_DIR", "DEFAULT_SOURCE", "DEFAULT_TARGET", "UNTRAINED_SEED", "ApiError", "LabAPI", "LabModel",
-           "load_model", "untrained_model"]
+__all__ = ["DEFAULT_SOURCE", "DEFAULT_TARGET", "UNTRAINED_SEED", "LabAPI", "LabModel", "load_model",
+           "untrained_model"]
 
-DEFAULT_SOURCE = "我／昨天／给／了／他／一／本／书／。"
-SWAP_PAIR = ("我", "他")                      # claim C2: 我给他 is not 他给我
-PATCH_CORRUPT = "我／昨天／给／了／她／一／本／书／。"   # 他 → 她: does `him` still come out?
+# The lesson's sentence, target and corruption (glassformer.lesson.examples), as the page shows them
+DEFAULT_SOURCE = examples.in_units(examples.NINE_UNITS)          # 我／昨天／给／了／他／一／本／书／。
+DEFAULT_TARGET = examples.LESSON_TARGET
+PATCH_CORRUPT = examples.in_units(examples.HER_UNITS)            # 他 → 她: does `him` still come out?
 BLOCK_TOKENS = ("我", "给", "书")             # the positions the lesson's BLOCK rows stand for
-MAX_SOURCE_CHARS = limits.MAX_SOURCE_CHARS
-MAX_TARGET_CHARS = limits.MAX_TARGET_CHARS
-MAX_TOP_K = limits.MAX_TOP_K
-
-
-class ApiError(Exception):
-    """A request the API refuses: HTTP status, a one-line message, and the field it is about."""
-
-    def __init__(self, status: int, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.field = status, message, field
-
-    def payload(self) -> dict:
-        return {"error": self.message, "field": self.field}
 
 
 # ---- request checking --------------------------------------------------------------------------
@@ -60,7 +47,7 @@ class SentenceBody(Schema):
     source: Text
     target: Text | None = None
     positions: bool = True
-    top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K)] = 5
+    top_k: Annotated[int, Field(ge=1, le=limits.MAX_TOP_K)] = 5
 
 
 def _one_or_many(value: Any) -> Any:
@@ -75,26 +62,18 @@ class PatchBody(Schema):
     corrupt: Annotated[list[Text], BeforeValidator(_one_or_many), Field(min_length=1, max_length=MAX_CORRUPT)] = (
         [PATCH_CORRUPT])
     target: Text = DEFAULT_TARGET
-    predict: Text = "him"
+    predict: Text = examples.LESSON_PREDICT
     positions: bool = True
 
 
 def _body(schema: type[Schema], body: Any) -> Any:
-    """`body` checked against `schema`; anything wrong is ApiError 400 naming the field ("body" when whole)."""
+    """`body` checked against `schema`; anything wrong is a UsageError naming the field ("body" when whole)."""
     if not isinstance(body, dict):
-        raise ApiError(400, f"body must be a JSON object, got {type_name(body)}", "body")
+        raise UsageError(f"body must be a JSON object, got {type_name(body)}", "body")
     try:
         return validate(schema, body, "body")
     except UsageError as error:
-        raise ApiError(400, str(error), error.field or "body") from None
-
-
-def _limit(what: str, value: int, limit: str, field: str) -> None:
-    """glassformer.limits.check as an ApiError 413."""
-    try:
-        limits.check(what, value, limit, field)
-    except limits.LimitError as error:
-        raise ApiError(error.status, str(error), field) from None
+        raise UsageError(str(error), error.field or "body") from None
 
 
 def _round(value: float, digits: int = 6) -> float | None:
@@ -129,7 +108,7 @@ def claim_view(claim_id: str) -> str | None:
 
 # ---- the API -----------------------------------------------------------------------------------
 class LabAPI:
-    """Every endpoint as a method; `handle(method, path, body)` routes a request to it."""
+    """Every endpoint as a method, listed in ROUTES (the server turns each row into a Starlette route)."""
 
     def __init__(self, model: LabModel | None = None, *, model_dir: str | Path | None = None,
                  run_spec: Callable[[dict], dict] | None = None,
@@ -157,37 +136,26 @@ class LabAPI:
             self._run_spec = run_spec
         return self._run_spec
 
-    # -- routing
-    ROUTES: dict[str, tuple[str, str]] = {
-        "/api/trace": ("POST", "trace"),
-        "/api/block": ("GET", "block"),
-        "/api/sentence": ("POST", "sentence"),
-        "/api/masks": ("GET", "masks"),
-        "/api/verify": ("GET", "verify"),
-        "/api/patch": ("POST", "patch"),
-        "/api/info": ("GET", "info"),
-    }
-
-    def handle(self, method: str, path: str, body: Any = None) -> dict:
-        """Run the endpoint at `path`; raises ApiError 404 (unknown path) / 405 (wrong method) / 400."""
-        route = self.ROUTES.get(path)
-        if route is None:
-            raise ApiError(404, f"no such endpoint: {path}", "path")
-        want, name = route
-        if method != want:
-            raise ApiError(405, f"{path} takes {want}, not {method}", "method")
-        return getattr(self, name)(body) if want == "POST" else getattr(self, name)()
+    # -- the endpoints: (HTTP method, path, method of this class). A POST method takes the JSON body,
+    # a GET method nothing; both return a JSON-able dict or raise UsageError. A new endpoint is one row
+    # here and one method below.
+    ROUTES: tuple[tuple[str, str, str], ...] = (
+        ("POST", "/api/trace", "trace"),
+        ("GET", "/api/block", "block"),
+        ("POST", "/api/sentence", "sentence"),
+        ("GET", "/api/masks", "masks"),
+        ("GET", "/api/verify", "verify"),
+        ("POST", "/api/patch", "patch"),
+        ("GET", "/api/info", "info"),
+    )
 
     # -- POST /api/trace
     def trace(self, doc: Any) -> dict:
         """A trace-spec v1 document through `run_spec` (the function behind `glassformer trace`)."""
         run_spec = self._spec_runner()
         if not isinstance(doc, dict):
-            raise ApiError(400, f"trace spec must be a JSON object, got {type(doc).__name__}", "body")
-        try:
-            return finite_json(run_spec(doc))
-        except UsageError as error:
-            raise ApiError(error.status, str(error), error.field) from None
+            raise UsageError(f"trace spec must be a JSON object, got {type_name(doc)}", "body")
+        return finite_json(run_spec(doc))
 
     # -- GET /api/block
     def block(self) -> dict:
@@ -201,28 +169,28 @@ class LabAPI:
         request = _body(SentenceBody, body)
         source, target, positions, top_k = request.source, request.target, request.positions, request.top_k
         if not source.strip():
-            raise ApiError(400, "source must be a non-empty string of Chinese text", "source")
-        _limit("source: characters", len(source), "MAX_SOURCE_CHARS", "source")
+            raise UsageError("source must be a non-empty string of Chinese text", "source")
+        limits.check("source: characters", len(source), "MAX_SOURCE_CHARS", "source")
         if target is not None:
-            _limit("target: characters", len(target), "MAX_TARGET_CHARS", "target")
+            limits.check("target: characters", len(target), "MAX_TARGET_CHARS", "target")
             if not target.strip():
                 target = None
 
         lab = self.lab_model
         encoding = lab.source.analyse(source)
         if not encoding.units:
-            raise ApiError(400, "source has no units after splitting", "source")
-        _limit("source: units", len(encoding.units), "MAX_SENTENCE_TOKENS", "source")
+            raise UsageError("source has no units after splitting", "source")
+        limits.check("source: units", len(encoding.units), "MAX_SENTENCE_TOKENS", "source")
         limit = lab.model.cfg.max_len
         if len(encoding.units) > limit:
-            raise ApiError(400, f"source has {len(encoding.units)} units; the model takes at most {limit}",
-                           "source")
+            raise UsageError(f"source has {len(encoding.units)} units; the model takes at most {limit}",
+                             "source")
         target_ids = lab.target.encode(target) if target is not None else None
         if target_ids is not None:
-            _limit("target: tokens", len(target_ids), "MAX_SENTENCE_TOKENS", "target")
+            limits.check("target: tokens", len(target_ids), "MAX_SENTENCE_TOKENS", "target")
         if target_ids is not None and len(target_ids) + 1 > limit:
-            raise ApiError(400, f"target has {len(target_ids)} tokens; the model takes at most {limit - 1}",
-                           "target")
+            raise UsageError(f"target has {len(target_ids)} tokens; the model takes at most {limit - 1}",
+                             "target")
         model = lab.model if positions else lab.no_positions
         with self.lock, torch.inference_mode():
             result = _run_sentence(model, lab, encoding.ids, target_ids, top_k)
@@ -258,12 +226,9 @@ class LabAPI:
         """Activation patching at the `gave` row: each cross-attention head and encoder position, clean → corrupted."""
         request = _body(PatchBody, body)
         lab = self.lab_model
-        try:
-            with self.lock, torch.inference_mode():
-                result = lesson_patching(lab.model, lab.source, lab.target, request.clean, request.corrupt,
-                                                  request.target, request.predict, positions=request.positions)
-        except UsageError as error:
-            raise ApiError(error.status, str(error), error.field) from None
+        with self.lock, torch.inference_mode():
+            result = lesson_patching(lab.model, lab.source, lab.target, request.clean, request.corrupt,
+                                     request.target, request.predict, positions=request.positions)
         return {"model": self.describe(lab), **finite_json(result)}
 
     # -- GET /api/info
@@ -271,7 +236,7 @@ class LabAPI:
         """What the Sentence view runs: trained or untrained, from where, with which sizes."""
         return {"glassformer": __version__, "model": self.describe(self.lab_model),
                 "default_source": DEFAULT_SOURCE, "default_target": DEFAULT_TARGET, "patch_corrupt": PATCH_CORRUPT,
-                "swap": list(SWAP_PAIR)}
+                "patch_predict": examples.LESSON_PREDICT, "swap": list(examples.SWAP_PAIR)}
 
     @staticmethod
     def describe(lab: LabModel) -> dict:
@@ -305,34 +270,24 @@ def _stack(trace: Recording, stack: str, part: str, layers: int, heads: int) -> 
 
 def _run_sentence(model: Transformer, lab: LabModel, source_ids: list[int], target_ids: list[int] | None,
                   top_k: int) -> dict:
-    """Teacher-forced pass over BOS + target (greedy output when no target), traced for attention."""
+    """Teacher-forced pass over BOS + target (greedy output when no target), traced for attention: the walk
+    `glassformer explain` takes (translation.explain.walk_sentence)."""
     cfg = model.cfg
-    src = torch.tensor([source_ids])                                            # (1, src)
-    finished = True
-    if target_ids is None:
-        target_ids = greedy(model, src)[0]                                     # as `glassformer translate`
-        limit = int(output_limits(model.source_padding(src), cfg.max_len)[0])
-        finished = len(target_ids) < limit                                     # else it stopped at the limit
-    tgt_in = torch.tensor([walk_inputs(target_ids, BOS, cfg.max_len, finished=finished)])   # (1, tgt)
-    with model.probes(*ATTENTION_PROBES) as trace:
-        logits = model(src, tgt_in)                                             # (1, tgt, vocab)
-    # what each row should predict: the next target token, EOS after the last one, unless a greedy run
-    # stopped at the length limit: then the last row's next token is simply the model's choice
-    walk = next_token_walk(logits[0], tgt_in[0].tolist(), EOS, finished=finished, top=top_k)
+    walk = walk_sentence(model, source_ids, target_ids, ATTENTION_PROBES, top=top_k)
     rows = [{"input": lab.piece(r.input_id), "next": lab.piece(r.next_id), "next_id": r.next_id,
              "next_prob": float(f"{r.p_next:.6g}"), "next_rank": r.rank,
              "top": [{"token": lab.piece(t), "id": t, "prob": float(f"{p:.6g}")} for t, p in r.top]}
-            for r in walk]
+            for r in walk.rows]
     return {
-        "target": [lab.piece(int(t)) for t in tgt_in[0]],
-        "target_ids": tgt_in[0].tolist(),
-        "translation": lab.target.decode(target_ids),
-        "finished": finished,
+        "target": [lab.piece(t) for t in walk.inputs],
+        "target_ids": walk.inputs,
+        "translation": lab.target.decode(walk.output),
+        "finished": walk.finished,
         "layers": {"encoder": cfg.encoder_layers, "decoder": cfg.decoder_layers},
         "heads": cfg.heads,
-        "encoder_self_attention": _stack(trace, "encoder", "self_attention", cfg.encoder_layers, cfg.heads),
-        "decoder_self_attention": _stack(trace, "decoder", "self_attention", cfg.decoder_layers, cfg.heads),
-        "cross_attention": _stack(trace, "decoder", "cross_attention", cfg.decoder_layers, cfg.heads),
+        "encoder_self_attention": _stack(walk.trace, "encoder", "self_attention", cfg.encoder_layers, cfg.heads),
+        "decoder_self_attention": _stack(walk.trace, "decoder", "self_attention", cfg.decoder_layers, cfg.heads),
+        "cross_attention": _stack(walk.trace, "decoder", "cross_attention", cfg.decoder_layers, cfg.heads),
         "next_tokens": rows,
-        "pad_id": PAD,
+        "pad_id": cfg.pad_id,
     }

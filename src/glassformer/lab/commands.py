@@ -15,8 +15,8 @@ from .api import LabAPI
 
 def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="DIR", default=None,
-                        help="trained model folder (default: runs/default if it exists, else a seeded "
-                             "untrained model, labelled as such)")
+                        help="trained model folder (default: $GLASSFORMER_MODEL, else runs/default, if it "
+                             "exists; else a seeded untrained model, labelled as such)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default 127.0.0.1: this machine only; any other needs --expose)")
     parser.add_argument("--expose", action="store_true",
@@ -51,14 +51,14 @@ def lab_command(args: argparse.Namespace) -> int:
     except OSError as error:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {error.strerror}") from None
     label = api.describe(model)["label"]["en"]
-    print(f"glassformer lab: {server.url}  (model: {label})", flush=True)
-    if not is_loopback(args.host):
-        print(f"warning: the lab listens on {args.host}, not only on this machine: anyone who can reach "
-              f"{server.url} can read the model and run computations on it", file=sys.stderr, flush=True)
-    print("press Ctrl+C to stop", file=sys.stderr, flush=True)
-    if not args.no_browser:
-        webbrowser.open(server.url)
-    try:
+    try:                                              # Ctrl-C from here on is a normal stop (exit 0)
+        print(f"glassformer lab: {server.url}  (model: {label})", flush=True)
+        if not is_loopback(args.host):
+            print(f"warning: the lab listens on {args.host}, not only on this machine: anyone who can reach "
+                  f"{server.url} can read the model and run computations on it", file=sys.stderr, flush=True)
+        print("press Ctrl+C to stop", file=sys.stderr, flush=True)
+        if not args.no_browser:
+            webbrowser.open(server.url)
         server.serve_forever()
     except KeyboardInterrupt:
         pass

@@ -12,7 +12,8 @@ import itertools
 import json
 from pathlib import Path
 
-from .api import DEFAULT_SOURCE, DEFAULT_TARGET, SWAP_PAIR, LabAPI
+from ..lesson import examples
+from .api import DEFAULT_SOURCE, DEFAULT_TARGET, LabAPI
 from .server import STATIC_DIR
 
 MASKS = ("none", "causal", "padding")
@@ -60,14 +61,14 @@ def block_variants(api: LabAPI, spec: dict) -> dict[str, dict]:
 
 
 def swapped_source(units: list[str]) -> str | None:
-    """The source with the two units of SWAP_PAIR exchanged, joined by ／ (as the page builds it)."""
-    a, b = SWAP_PAIR
+    """The source with the two units of examples.SWAP_PAIR exchanged, joined by ／ (as the page builds it)."""
+    a, b = examples.SWAP_PAIR
     if a not in units or b not in units:
         return None
     i, j = units.index(a), units.index(b)
     swapped = list(units)
     swapped[i], swapped[j] = b, a
-    return "／".join(swapped)
+    return examples.in_units(swapped)
 
 
 def export_data(api: LabAPI) -> dict:

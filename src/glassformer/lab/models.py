@@ -1,5 +1,6 @@
-"""The model the lab's Sentence and Patching views run: a trained translator from a run folder, or,
-without one, a seeded untrained tiny Transformer over the lesson's own units and words."""
+"""The model the lab's Sentence and Patching views run: a trained translator from a run folder (`--model`,
+else $GLASSFORMER_MODEL, else runs/default), or, without one, a seeded untrained tiny Transformer over the
+lesson's own units and words."""
 
 from __future__ import annotations
 
@@ -12,10 +13,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from ..errors import UsageError
 from ..lesson import examples
 from ..model import ModelConfig, Transformer
+from ..paths import default_model_dir
 from ..translation.tokenize import SPECIAL_TOKENS, SourceTokenizer, TargetTokenizer, Vocab
 
-DEFAULT_MODEL_DIR = "runs/default"
-DEFAULT_TARGET = "I gave him a book yesterday."
 UNTRAINED_SEED = 0
 
 
@@ -74,7 +74,7 @@ def untrained_model(seed: int = UNTRAINED_SEED, why: str | None = None) -> LabMo
     """
     source_units = [u for u in examples.SOURCE_VOCAB if u not in (examples.PAD, examples.BOS, examples.EOS)]
     source = SourceTokenizer(Vocab(source_units))
-    target = _word_target_tokenizer([DEFAULT_TARGET, "He gave me a book yesterday.", "I gave her a book.",
+    target = _word_target_tokenizer([examples.LESSON_TARGET, "He gave me a book yesterday.", "I gave her a book.",
                                      "She smiled.", "she smiled."])
     cfg = ModelConfig.tiny(src_vocab=source.vocab_size, tgt_vocab=target.vocab_size)
     with torch.random.fork_rng(devices=[]):
@@ -85,12 +85,13 @@ def untrained_model(seed: int = UNTRAINED_SEED, why: str | None = None) -> LabMo
 
 
 def load_model(model_dir: str | Path | None, *, required: bool = False) -> LabModel:
-    """The trained translator in `model_dir`; without one, the seeded untrained model.
+    """The trained translator in `model_dir` (None: glassformer.paths.default_model_dir(), as the CLI);
+    without one, the seeded untrained model.
 
     `required`: the user named the folder, so a folder that cannot be loaded is a UsageError.
     """
     if model_dir is None:
-        model_dir, required = DEFAULT_MODEL_DIR, False
+        model_dir, required = default_model_dir(), False
     folder = Path(model_dir)
     if not folder.exists() and not required:
         return untrained_model(why=f"no trained model in {folder}")

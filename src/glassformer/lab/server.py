@@ -1,51 +1,59 @@
 """The lab's local HTTP server: the packaged static page plus the JSON API, on Starlette and uvicorn.
 
+Every endpoint is a Starlette `Route`: one per row of `LabAPI.ROUTES` and one per static file.
 Hardening, in the order a request meets it:
-- the connection: at most MAX_CONNECTIONS open (more get 503); the request head must arrive within
-  HEAD_TIMEOUT seconds and the body within BODY_TIMEOUT (a client trickling bytes is cut off); idle
-  keep-alive connections close after KEEP_ALIVE seconds; Ctrl-C stops the server within about a
-  second, slow clients or not (GRACE);
-- the head: path over MAX_PATH bytes 414, headers over MAX_HEADER_BYTES or MAX_HEADERS 431, an
-  unknown method 501, a known one the path does not take 405, every answer JSON {"error", "field"};
-- the Host header must be one of 127.0.0.1, localhost, [::1] with the server's port (DNS rebinding);
-  binding another address needs `expose=True` (`glassformer lab --expose`), which adds the bound
-  address and any names given to the allow-list;
+- the connection (connection.py): at most MAX_CONNECTIONS open (more get 503); the request head must
+  arrive within HEAD_TIMEOUT seconds and the body within BODY_TIMEOUT (a client trickling bytes is cut
+  off); idle keep-alive connections close after KEEP_ALIVE seconds; Ctrl-C stops the server within
+  about a second, slow clients or not (GRACE);
+- the head (guards.HeadLimits): path over MAX_PATH bytes 414, headers over MAX_HEADER_BYTES or MAX_HEADERS
+  431, an unknown method 501;
+- the Host header (guards.OwnHostOnly: Starlette's TrustedHostMiddleware plus the port) must be one of
+  127.0.0.1, localhost, [::1] with the server's port (DNS rebinding), else 403; binding another address
+  needs `expose=True` (`glassformer lab --expose`), which adds the bound address and any names given;
+- the routes: an unknown path 404, a method the path does not take 405 (with Allow);
 - a POST must be application/json (415), with a Content-Length (411) of at most MAX_BODY bytes,
   judged before the body is read (413), from the page's own origin (403); the body is read by
   glassformer.validation.load_json (400 for bad encoding, syntax, nesting, huge integers, lone
   surrogates);
 - the work itself runs in a worker thread (the event loop keeps answering /api/info while /api/verify
-  computes); an ApiError or UsageError becomes its status with {"error", "field"}; a bug a 500 line.
-Only the regular files found in the static folder at start-up are ever served (a fixed table, so
-`..`, encoded dots, absolute paths and symlinks simply are not in it).
+  computes); a UsageError becomes its status with {"error", "field"}; a bug a 500 and one log line.
+Every answer, errors included, is JSON {"error", "field"} with the security headers.
+Only the regular files found in the static folder at start-up are ever served (a fixed table of routes,
+so `..`, encoded dots, absolute paths and symlinks simply are not in it).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import queue
+import re
 import socket
 import stat
 import threading
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import uvicorn
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 from ..errors import UsageError
 from ..validation import load_json
-from .api import ApiError, LabAPI
-from .connection import JSON_TYPE, MAX_HEAD_BUFFER, LabProtocol
+from .api import LabAPI
+from .connection import MAX_HEAD_BUFFER, LabProtocol
+from .guards import SECURITY_HEADERS, HeadLimits, OwnHostOnly, error_response, json_response
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 MAX_BODY = 1 << 20                   # bytes of one request body (1 MiB)
-MAX_PATH = 8192                      # bytes of the request target (path and query)
-MAX_HEADER_BYTES = 16384             # bytes of all header names and values together
-MAX_HEADERS = 64                     # header lines
 WORKERS = 8                          # threads that run API work (the model itself runs one at a time)
 BODY_TIMEOUT = 10.0                  # seconds for a whole request body to arrive
 KEEP_ALIVE = 5                       # seconds an idle keep-alive connection stays open
@@ -61,14 +69,7 @@ CONTENT_TYPES = {
     ".ico": "image/x-icon",
 }
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
-KNOWN_METHODS = {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"}
-SECURITY_HEADERS = {
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Content-Security-Policy": ("default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
-                                "script-src 'self'; connect-src 'self'; frame-ancestors 'none'"),
-    "Cache-Control": "no-store",
-}
+HOST_NAME = re.compile(r"[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?|\[[0-9a-f:.]+\]", re.IGNORECASE)   # for --allow-host
 log = logging.getLogger("glassformer.lab")
 
 
@@ -83,8 +84,8 @@ def static_table(folder: str | Path = STATIC_DIR) -> dict[str, Path]:
         dirnames[:] = [d for d in dirnames if not (Path(dirpath) / d).is_symlink() and not d.startswith(".")]
         for name in filenames:
             path = Path(dirpath) / name
-            if name.startswith(".") or path.suffix not in CONTENT_TYPES:
-                continue
+            if name.startswith(".") or path.suffix not in CONTENT_TYPES or "{" in name or "}" in name:
+                continue                                   # (braces would be route parameters)
             if not stat.S_ISREG(os.lstat(path).st_mode):          # symlinks and specials are skipped
                 continue
             table["/" + path.relative_to(root).as_posix()] = path
@@ -96,15 +97,6 @@ def static_table(folder: str | Path = STATIC_DIR) -> dict[str, Path]:
 def is_loopback(host: str) -> bool:
     """Whether a bind address is this machine only."""
     return host in ("127.0.0.1", "localhost", "::1", "[::1]")
-
-
-def json_response(status: int, payload: dict, extra: dict[str, str] | None = None) -> Response:
-    body = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
-    return Response(body, status, headers={**SECURITY_HEADERS, **(extra or {})}, media_type=JSON_TYPE)
-
-
-def error_response(status: int, message: str, field: str | None, extra: dict[str, str] | None = None) -> Response:
-    return json_response(status, {"error": message, "field": field}, extra)
 
 
 class WorkerPool:
@@ -147,134 +139,112 @@ def _settle(future: asyncio.Future, result, error) -> None:
         future.set_result(result)
 
 
-class LabApp:
-    """The ASGI application: checks in the module docstring's order, then the API or a static file."""
+# ---- the endpoints ---------------------------------------------------------------------------------
+def api_route(api: LabAPI, pool: WorkerPool, method: str, path: str, name: str) -> Route:
+    """A row of LabAPI.ROUTES as a Starlette route: the body (POST) checked and read, the work in a worker."""
+    work = getattr(api, name)
 
-    def __init__(self, api: LabAPI, static: dict[str, Path], allowed_hosts: set[str]) -> None:
-        self.api, self.static, self.allowed_hosts = api, static, allowed_hosts
+    async def endpoint(request: Request) -> Response:
+        args = (await read_json_body(request),) if method == "POST" else ()
+        return json_response(200, await pool.run(work, *args))
+
+    return Route(path, endpoint, methods=[method], name=name)
+
+
+def static_route(pool: WorkerPool, path: str, file: Path) -> Route:
+    """One file of the static table as a GET route."""
+    media_type = CONTENT_TYPES[file.suffix]
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            data = await pool.run(file.read_bytes)
+        except OSError:
+            raise HTTPException(404) from None
+        return Response(data, 200, headers=SECURITY_HEADERS, media_type=media_type)
+
+    return Route(path, endpoint, methods=["GET"])
+
+
+def _same_origin(headers: Headers) -> bool:
+    """A browser's cross-site POST carries a foreign Origin: refuse it (the page's own fetch is same-origin)."""
+    origin = headers.get("origin")
+    if origin is None:
+        return True
+    parts = urlsplit(origin)
+    return parts.scheme == "http" and parts.netloc.lower() == headers.get("host", "").strip().lower()
+
+
+async def read_json_body(request: Request) -> Any:
+    """The JSON body of a POST; every size and type check comes before reading it (UsageError, its status)."""
+    headers = request.headers
+    if not _same_origin(headers):
+        raise UsageError("cross-origin requests are not accepted", "origin", status=403)
+    kind = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if kind != "application/json":
+        raise UsageError("send the body as Content-Type: application/json", "content-type", status=415)
+    if "transfer-encoding" in headers:
+        raise UsageError("send the body with a Content-Length (chunked bodies are not accepted)", "body", status=411)
+    length = headers.get("content-length", "0").strip()
+    if not length.isdigit() or len(length) > 18:
+        raise UsageError(f"Content-Length is not a number: {length[:40]!r}", "body")
+    if int(length) > MAX_BODY:
+        raise UsageError(f"request body is {int(length)} bytes; the limit is {MAX_BODY}", "body", status=413)
+    try:
+        raw = await asyncio.wait_for(request.body(), BODY_TIMEOUT)
+    except asyncio.TimeoutError:
+        raise UsageError(f"the request body did not arrive within {BODY_TIMEOUT:g} s", "body", status=408) from None
+    except ClientDisconnect:
+        raise UsageError("the connection closed before the body was complete", "body") from None
+    if not raw.strip():
+        raise UsageError("request body is empty; send a JSON object", "body")
+    try:
+        return load_json(raw, "request body")
+    except UsageError as error:
+        raise UsageError(str(error), error.field or "body") from None
+
+
+# ---- errors: every one a JSON answer -----------------------------------------------------------------
+def usage_error(request: Request, error: UsageError) -> Response:
+    """Bad input anywhere (body, field, limit): its status, its one-line message, its field."""
+    return error_response(error.status, str(error), error.field)
+
+
+def routing_error(request: Request, error: HTTPException) -> Response:
+    """No route for the path (404) or not for this method (405, with Starlette's Allow header)."""
+    if error.status_code == 405:
+        return error_response(405, f"method {request.method} is not allowed", "method", error.headers)
+    if error.status_code == 404:
+        return error_response(404, "not found", "path")
+    return error_response(error.status_code, str(error.detail), None, error.headers)
+
+
+def internal_error(request: Request, error: Exception) -> Response:
+    """A bug, not bad input: one line in the log and in the answer."""
+    log.error("internal error on %s %s: %s: %s", request.method, request.url.path[:200], type(error).__name__, error)
+    return error_response(500, f"internal error: {type(error).__name__}", None)
+
+
+class LabApp:
+    """The ASGI application: Starlette's routes behind HeadLimits and OwnHostOnly, every answer JSON."""
+
+    def __init__(self, api: LabAPI, static: dict[str, Path], host_names: set[str], port: int) -> None:
+        self.api, self.static = api, static
         self.pool = WorkerPool()
+        routes = [*(api_route(api, self.pool, *row) for row in api.ROUTES),
+                  *(static_route(self.pool, path, file) for path, file in static.items())]
+        self.starlette = Starlette(
+            routes=routes,
+            middleware=[Middleware(HeadLimits), Middleware(OwnHostOnly, names=host_names, port=port)],
+            exception_handlers={UsageError: usage_error, HTTPException: routing_error, Exception: internal_error})
+        self.starlette.router.redirect_slashes = False      # /api/info/ is not /api/info: only the table
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":                   # lifespan is off; websockets are not served
             return
         try:
-            response = await self.respond(scope, receive)
-        except Exception as error:  # a bug, not bad input: one line in the log and in the answer
-            log.error("internal error on %s %s: %s: %s", scope["method"], scope["path"][:200],
-                      type(error).__name__, error)
-            response = error_response(500, f"internal error: {type(error).__name__}", None)
-        await response(scope, receive, send)
-
-    def _check_head(self, scope, headers: dict[str, str]) -> Response | None:
-        method = scope["method"]
-        if len(scope["raw_path"]) + len(scope["query_string"]) > MAX_PATH:
-            return error_response(414, f"the request path is over {MAX_PATH} bytes", "path")
-        if len(scope["headers"]) > MAX_HEADERS or sum(len(k) + len(v) for k, v in scope["headers"]) > MAX_HEADER_BYTES:
-            return error_response(431, f"request headers over {MAX_HEADERS} lines or {MAX_HEADER_BYTES} bytes",
-                                  "headers")
-        if method not in KNOWN_METHODS:
-            return error_response(501, f"method {method[:20]} is not implemented", "method")
-        if headers.get("host", "").strip().lower() not in self.allowed_hosts:
-            return error_response(403, "this server answers only to its own host name and port "
-                                       "(127.0.0.1, localhost or [::1])", "host")
-        return None
-
-    async def respond(self, scope, receive) -> Response:
-        headers: dict[str, str] = {}
-        for key, value in scope["headers"]:
-            headers.setdefault(key.decode("latin-1"), value.decode("latin-1"))
-        refused = self._check_head(scope, headers)
-        if refused is not None:
-            return refused
-        method, path = scope["method"], scope["path"]
-        if not scope["raw_path"].startswith(b"/"):
-            return error_response(404, "not found", "path")
-        is_api = path.startswith("/api/") or path == "/api"
-        if method not in ("GET", "HEAD", "POST"):
-            allow = self.api.ROUTES[path][0] if path in self.api.ROUTES else "GET, HEAD, POST"
-            return error_response(405, f"method {method} is not allowed", "method", {"Allow": allow})
-        body = None
-        if method == "POST":
-            if not is_api:
-                return error_response(404, "not found", "path")
-            refused, body = await self._read_body(headers, receive)
-            if refused is not None:
-                return refused
-        if is_api:
-            api_method = "GET" if method == "HEAD" else method
-            try:
-                payload = await self.pool.run(self.api.handle, api_method, path, body)
-            except ApiError as error:
-                extra = {"Allow": self.api.ROUTES[path][0]} if error.status == 405 else None
-                return json_response(error.status, error.payload(), extra)
-            except UsageError as error:
-                return error_response(error.status, str(error), error.field)
-            return json_response(200, payload)
-        target = self.static.get(path)
-        if target is None:
-            return error_response(404, "not found", "path")
-        try:
-            data = await self.pool.run(target.read_bytes)
-        except OSError:
-            return error_response(404, "not found", "path")
-        return Response(data, 200, headers=SECURITY_HEADERS, media_type=CONTENT_TYPES[target.suffix])
-
-    def _origin_ok(self, headers: dict[str, str]) -> bool:
-        """A browser's cross-site POST carries a foreign Origin: refuse it (the page's own fetch is same-origin)."""
-        origin = headers.get("origin")
-        if origin is None:
-            return True
-        parts = urlsplit(origin)
-        return parts.scheme == "http" and parts.netloc.lower() == headers.get("host", "").strip().lower()
-
-    async def _read_body(self, headers: dict[str, str], receive) -> tuple[Response | None, object]:
-        """The JSON body, or the error answer: every size and type check comes before reading it."""
-        if not self._origin_ok(headers):
-            return error_response(403, "cross-origin requests are not accepted", "origin"), None
-        kind = headers.get("content-type", "").split(";", 1)[0].strip().lower()
-        if kind != "application/json":
-            return error_response(415, "send the body as Content-Type: application/json", "content-type"), None
-        if "transfer-encoding" in headers:
-            return error_response(411, "send the body with a Content-Length (chunked bodies are not accepted)",
-                                  "body"), None
-        length = headers.get("content-length", "0").strip()
-        if not length.isdigit() or len(length) > 18:
-            return error_response(400, f"Content-Length is not a number: {length[:40]!r}", "body"), None
-        size = int(length)
-        if size > MAX_BODY:
-            return error_response(413, f"request body is {size} bytes; the limit is {MAX_BODY}", "body"), None
-        try:
-            raw = await asyncio.wait_for(_receive_body(receive, size), BODY_TIMEOUT)
-        except asyncio.TimeoutError:
-            return error_response(408, f"the request body did not arrive within {BODY_TIMEOUT:g} s", "body"), None
-        except ClientGone:
-            return error_response(400, "the connection closed before the body was complete", "body"), None
-        if not raw.strip():
-            return error_response(400, "request body is empty; send a JSON object", "body"), None
-        try:
-            return None, load_json(raw, "request body")
-        except UsageError as error:
-            return error_response(400, str(error), error.field or "body"), None
-
-
-class ClientGone(Exception):
-    """The client closed its connection (or the server dropped it) before its body was complete."""
-
-
-async def _receive_body(receive, size: int) -> bytes:
-    chunks, got = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunk = message.get("body", b"")
-        got += len(chunk)
-        if got > size:                                 # h11 enforces Content-Length; this is belt and braces
-            break
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
+            await self.starlette(scope, receive, send)
+        except Exception:  # internal_error has answered and logged it; Starlette re-raises it
+            pass           # for the server, which would print a traceback
 
 
 class LabServer:
@@ -286,6 +256,10 @@ class LabServer:
         if not is_loopback(host) and not expose:
             raise UsageError(f"--host {host}: binding an address other than loopback needs --expose "
                              "(anyone who can reach it can run computations on this machine)")
+        for name in allow_hosts:
+            if not HOST_NAME.fullmatch(name):
+                raise UsageError(f"--allow-host {name!r}: give a host name (letters, digits, dots, hyphens; no "
+                                 "port, no *) or a bracketed IPv6 address", "allow-host")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.socket = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -300,8 +274,8 @@ class LabServer:
         self.api, self.quiet = api, quiet
         bound = self.server_address[1]
         names = set(LOOPBACK_NAMES) | ({f"[{host}]" if ":" in host else host} if expose else set()) | set(allow_hosts)
-        self.allowed_hosts = {f"{name.lower()}:{bound}" for name in names}
-        self.app = LabApp(api, static_table(static_dir), self.allowed_hosts)
+        self.allowed_hosts = {f"{name.lower()}:{bound}" for name in names}      # Host headers answered
+        self.app = LabApp(api, static_table(static_dir), {name.lower() for name in names}, bound)
         config = uvicorn.Config(self.app, http=LabProtocol, ws="none", lifespan="off", log_config=None,
                                 access_log=not quiet, log_level="warning" if quiet else "info",
                                 server_header=False, date_header=False, timeout_keep_alive=KEEP_ALIVE,

@@ -106,6 +106,40 @@ def exercise_spec(scale: bool = False) -> dict:
 NINE_UNITS: tuple[str, ...] = ("我", "昨天", "给", "了", "他", "一", "本", "书", "。")
 """The source sentence in the lesson's nine teaching units (9×9 self-attention)."""
 
+UNIT_SEPARATOR: str = "／"
+"""How the lesson writes a sentence already split into units: 我／昨天／给 (the tokenizer keeps such splits)."""
+
+
+def in_units(units) -> str:
+    """Units written with the lesson's separator: ("我", "昨天") -> "我／昨天"."""
+    return UNIT_SEPARATOR.join(units)
+
+
+def _replaced(units: tuple[str, ...], swap: dict[str, str]) -> tuple[str, ...]:
+    return tuple(swap.get(u, u) for u in units)
+
+
+LESSON_SENTENCE: str = "".join(NINE_UNITS)
+"""The nine units as one sentence: 我昨天给了他一本书。"""
+
+LESSON_TARGET: str = "I gave him a book yesterday."
+"""Its English translation, the target every view and command of the translator uses by default."""
+
+SWAP_PAIR: tuple[str, str] = ("我", "他")
+"""The two units the order check exchanges: 我给他 is not 他给我 (claims C1, C2)."""
+
+HER_UNITS: tuple[str, ...] = _replaced(NINE_UNITS, {"他": "她"})
+"""The first corruption, 他 → 她, in units: does `him` still come out?"""
+
+SWAPPED_UNITS: tuple[str, ...] = _replaced(NINE_UNITS, {SWAP_PAIR[0]: SWAP_PAIR[1], SWAP_PAIR[1]: SWAP_PAIR[0]})
+"""The second corruption, 我 and 他 exchanged, in units."""
+
+LESSON_CORRUPTIONS: tuple[str, ...] = ("".join(HER_UNITS), "".join(SWAPPED_UNITS))
+"""我昨天给了她一本书。 and 他昨天给了我一本书。: what activation patching compares the sentence with."""
+
+LESSON_SENTENCES: tuple[str, ...] = (LESSON_SENTENCE, LESSON_CORRUPTIONS[1])
+"""The sentence and its swap, the two the translator demos translate live (never training data)."""
+
 SIX_UNITS: tuple[str, ...] = ("我", "昨天", "给了", "她", "一本", "书")
 """The six-unit 她/her example (6×6 self-attention)."""
 
@@ -120,6 +154,9 @@ TARGET_LABELS: tuple[str, ...] = ("I", "gave", "him", "a", "book", "yesterday", 
 
 GAVE_ROW: int = 2
 """Row of `gave` in TARGET_INPUT: it predicts `him` and sees BOS, I, gave only."""
+
+LESSON_PREDICT: str = TARGET_LABELS[GAVE_ROW]
+"""The word the `gave` row predicts, `him`: the token activation patching follows."""
 
 # ---- the two-sentence batch -----------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from torch import nn
 
 from .. import limits
 from ..errors import UsageError
+from ..interop.spm import is_sentencepiece, load_pair
 from ..model import ModelConfig, Transformer
 from ..validation import Schema, load_json, validate
 from .tokenize import SourceTokenizer, TargetTokenizer
@@ -225,6 +226,7 @@ class ConfigFile(Schema):
 
     model: dict
     train: dict = {}
+    origin: dict = {}              # where the weights come from, e.g. {"kind": "imported", "summary": ...}
 
 
 class VocabFile(Schema):
@@ -296,11 +298,29 @@ def load_translator_parts(folder: str | Path, device: str | torch.device = "cpu"
     except (SafetensorError, ValueError, RuntimeError) as error:
         raise UsageError(f"{weights}: {str(error).splitlines()[0]}") from None
     model.to(device).eval()
-    return model, source, target, {"model": config.model, "train": config.train}
+    return model, source, target, {"model": config.model, "train": config.train, "origin": config.origin}
+
+
+def origin_summary(folder: str | Path) -> str:
+    """Where a model folder's weights come from: "imported from DIR (...)" or "trained here (N parameters)"."""
+    root = find_run_root(folder)
+    config = validate(ConfigFile, read_run_json(root / CONFIG, "MAX_CONFIG_BYTES"), str(root / CONFIG))
+    summary = config.origin.get("summary")
+    if isinstance(summary, str) and summary:
+        return summary
+    from ..model.config import parameter_count
+
+    cfg = ModelConfig.from_dict(config.model, f"{root / CONFIG}: model")
+    return f"trained here ({parameter_count(cfg):,} parameters)"
 
 
 def _tokenizers(path: Path, vocab: VocabFile) -> tuple[SourceTokenizer, TargetTokenizer]:
-    """Both tokenizers of vocab.json; a malformed entry is one UsageError naming the side."""
+    """Both tokenizers of vocab.json; a malformed entry is one UsageError naming the side.
+
+    glassformer's own (SourceTokenizer, TargetTokenizer), or SentencePiece models beside vocab.json
+    (an imported Marian model: glassformer.interop.spm)."""
+    if is_sentencepiece(vocab.source) or is_sentencepiece(vocab.target):
+        return load_pair(path.parent, vocab.source, vocab.target)
     try:
         source = SourceTokenizer.from_dict(vocab.source)
     except Exception as error:  # untrusted file: any failure to rebuild is the file's fault

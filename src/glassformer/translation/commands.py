@@ -13,14 +13,7 @@ from pathlib import Path
 
 from .. import limits
 from ..errors import UsageError
-
-DEFAULT_MODEL = "runs/default"
-MODEL_ENV = "GLASSFORMER_MODEL"
-
-
-def default_model_dir() -> Path:
-    """$GLASSFORMER_MODEL if set, else runs/default (the folder `make demo` trains)."""
-    return Path(os.environ.get(MODEL_ENV) or DEFAULT_MODEL)
+from ..paths import DEFAULT_MODEL, MODEL_ENV, default_model_dir
 
 
 def _model_dir(args) -> Path:
@@ -44,14 +37,21 @@ def _add_decoding(parser: argparse.ArgumentParser, beam: int = 1) -> None:
     parser.add_argument("--beam", type=_positive, default=beam,
                         help=f"beam size (default {beam}{' = greedy' if beam == 1 else '; 1 = greedy'})")
     parser.add_argument("--alpha", type=float, help="beam length penalty: score / len^alpha")
+    parser.add_argument("--max-length", type=_positive, metavar="N",
+                        help="most tokens generated per sentence, EOS included (default 2 x source length + 10; "
+                             "at most the model's max_len)")
 
 
 def _translator(args):
-    """The Translator of --model and the length penalty; the beam within its limit first."""
-    from .decode import DEFAULT_ALPHA, Translator
+    """The Translator of --model and the length penalty; the beam and --max-length within their limits first."""
+    from .search import DEFAULT_ALPHA
+    from .translator import Translator
 
     limits.check("--beam", args.beam, "MAX_BEAM")
+    if args.max_length is not None:
+        limits.check("--max-length", args.max_length, "MAX_SENTENCE_TOKENS")
     translator = Translator.load(_model_dir(args), _device(args.device))
+    translator.check_max_length(args.max_length)
     return translator, DEFAULT_ALPHA if args.alpha is None else args.alpha
 
 
@@ -149,15 +149,12 @@ def translate_command(args) -> int:
     translator, alpha = _translator(args)
     translator.batch_size = args.batch_size
     lines = list(args.text) if args.text else [line.rstrip("\r\n") for line in sys.stdin]
-    encodings = translator.analyse(lines)
     if args.verbose:
-        for n, enc in enumerate(encodings, start=1):
+        for n, enc in enumerate(translator.analyse(lines), start=1):
             unknown = f"  unknown: {' '.join(enc.unknown)}" if enc.unknown else ""
             print(f"[{n}] {'／'.join(enc.units)}{unknown}", file=sys.stderr)
-    ids = translator.check_lengths(encodings, truncate=args.truncate)
-    hyps = translator.translate_ids(ids, beam=args.beam, alpha=alpha)
-    for src, hyp in zip(ids, hyps, strict=True):
-        print(translator.detokenize(hyp) if src else "")
+    for line in translator.translate(lines, args.beam, alpha, truncate=args.truncate, max_length=args.max_length):
+        print(line)
     return 0
 
 
@@ -171,6 +168,7 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", choices=("raw", "gold"), default="raw",
                         help="raw: segment the Chinese like user input (default); gold: corpus segmentation")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
+    parser.add_argument("--hypotheses", action="store_true", help="with --json: every translation too, in order")
     parser.add_argument("--show", type=int, default=0, metavar="N", help="also print N example translations")
 
 
@@ -183,10 +181,11 @@ def evaluate_command(args) -> int:
     translator, alpha = _translator(args)
     folder = _model_dir(args)
     pairs = load_split(args.split)
-    result = evaluate_pairs(translator, pairs, args.input, args.beam, alpha)
+    result = evaluate_pairs(translator, pairs, args.input, args.beam, alpha, args.max_length)
     if args.json:
         print(json.dumps({"model": str(folder), "split": args.split, "input": args.input, "beam": args.beam,
-                          "alpha": alpha, **result.to_dict()}, ensure_ascii=False))
+                          "alpha": alpha, "max_length": args.max_length,
+                          **result.to_dict(with_hypotheses=args.hypotheses)}, ensure_ascii=False))
     else:
         print(f"{args.split} ({result.sentences} sentences, input {args.input}, beam {args.beam}): "
               f"BLEU {result.bleu:.2f}  chrF {result.chrf:.2f}")
@@ -208,8 +207,8 @@ def add_explain_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def explain_command(args) -> int:
-    from .decode import Translator
     from .explain import explain, render
+    from .translator import Translator
 
     limits.check("--top", args.top, "MAX_TOP_K")
     translator = Translator.load(_model_dir(args), _device(args.device))
@@ -218,5 +217,8 @@ def explain_command(args) -> int:
         raise UsageError(f"sentence: {units} units, over the model's limit of {translator.max_source_len} "
                          "source units (shorten it)")
     walk = explain(translator, args.sentence, target=args.target, all_layers=args.all_layers, top=args.top)
-    print(json.dumps(walk, ensure_ascii=False, indent=1) if args.json else render(walk))
+    from .checkpoint import origin_summary
+
+    walk["model"] = origin_summary(_model_dir(args))
+    print(json.dumps(walk, ensure_ascii=False, indent=1) if args.json else f"model: {walk['model']}\n{render(walk)}")
     return 0

@@ -15,7 +15,7 @@ from typing import Any
 
 # Sentences the lesson translates live; they must never be training data (none are in the corpus,
 # and ``clean_records`` drops them should a future dataset version contain them).
-LESSON_SENTENCES: tuple[str, ...] = ("我昨天给了他一本书。", "他昨天给了我一本书。")
+from ..lesson.examples import LESSON_SENTENCES
 
 # English the dataset uses for a missing translation: "placeholder", also numbered ("placeholder-p3", "placeholder-q1").
 PLACEHOLDER = re.compile(r"placeholder(-[a-z]\d+)?", re.IGNORECASE)

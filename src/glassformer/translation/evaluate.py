@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from sacrebleu.metrics import BLEU, CHRF
 
 from .corpus import Pair
-from .decode import DEFAULT_ALPHA, Translator
+from .search import DEFAULT_ALPHA
+from .translator import Translator
 
 INPUTS = ("raw", "gold")
 
@@ -47,16 +48,16 @@ def score(hypotheses: Sequence[str], references: Sequence[str]) -> Score:
 
 
 def translate_pairs(translator: Translator, pairs: Sequence[Pair], input: str = "raw", beam: int = 1,
-                    alpha: float = DEFAULT_ALPHA) -> list[str]:
+                    alpha: float = DEFAULT_ALPHA, max_length: int | None = None) -> list[str]:
     """English hypotheses for the Chinese side of `pairs`, raw text or gold units."""
     if input not in INPUTS:
         raise ValueError(f"input must be one of {INPUTS}, got {input!r}")
     if input == "gold":
-        return translator.translate_units([p.zh_units for p in pairs], beam, alpha)
-    return translator.translate([p.zh for p in pairs], beam, alpha, truncate=True)
+        return translator.translate_units([p.zh_units for p in pairs], beam, alpha, max_length)
+    return translator.translate([p.zh for p in pairs], beam, alpha, truncate=True, max_length=max_length)
 
 
 def evaluate_pairs(translator: Translator, pairs: Sequence[Pair], input: str = "raw", beam: int = 1,
-                   alpha: float = DEFAULT_ALPHA) -> Score:
+                   alpha: float = DEFAULT_ALPHA, max_length: int | None = None) -> Score:
     """Translate and score a list of pairs."""
-    return score(translate_pairs(translator, pairs, input, beam, alpha), [p.en for p in pairs])
+    return score(translate_pairs(translator, pairs, input, beam, alpha, max_length), [p.en for p in pairs])

@@ -7,16 +7,57 @@ Teacher-forced with a given target; otherwise the model's own greedy output is f
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from ..errors import UsageError
-from ..readout import next_token_walk, walk_inputs
-from .decode import Translator, greedy, output_limits
-from .tokenize import BOS, EOS
+from ..model.hooks import Recording
+from ..readout import NextToken, next_token_walk, walk_inputs
+from .search import Greedy, generate
+from .translator import Translator
 
 FOCUS_INPUT, FOCUS_NEXT = "gave", "him"   # the lesson's row: input `gave` predicts `him`
+
+
+@dataclass
+class SentenceWalk:
+    """One sentence read row by row: the target read back, its right-shifted inputs, what was recorded."""
+
+    output: list[int]        # target ids read back (given, or the model's greedy output), no BOS/EOS
+    finished: bool           # False: a greedy output cut at the length limit (its last row predicts no EOS)
+    inputs: list[int]        # right-shifted target inputs, BOS first (tgt,)
+    logits: Tensor           # (tgt, vocab) next-token logits of each row
+    trace: Recording         # the probes asked for, recorded on the teacher-forced pass
+    rows: list[NextToken]    # per row: the token it should predict, its probability and rank, the top k
+
+
+@torch.no_grad()
+def walk_sentence(model, source_ids: Sequence[int], target_ids: Sequence[int] | None = None,
+                  probes: Sequence[str] = (), top: int = 5) -> SentenceWalk:
+    """Teacher-forced pass over BOS + target (the model's own greedy output when no target is given),
+    recording `probes`; shared by `glassformer explain` and the lab's Sentence view."""
+    cfg = model.cfg
+    src = torch.tensor([list(source_ids)], dtype=torch.long, device=next(model.parameters()).device)
+    if target_ids is None:
+        hyp = generate(model, src, Greedy())[0][0]                           # as `glassformer translate`
+        output, finished = hyp.tokens, hyp.finished
+    else:
+        output, finished = list(target_ids), True
+    inputs = walk_inputs(output, cfg.bos_id, cfg.max_len, finished=finished)
+    if len(inputs) > cfg.max_len:
+        raise UsageError(f"target: {len(inputs)} target positions, over the model's limit of {cfg.max_len}",
+                         "target")
+    tgt_in = torch.tensor([inputs], dtype=torch.long, device=src.device)   # (1, tgt)
+    model.eval()
+    with model.probes(*probes) if probes else contextlib.nullcontext(Recording()) as trace:  # nothing: no probe
+        logits = model(src, tgt_in)[0]                                       # (tgt, vocab)
+    rows = next_token_walk(logits, inputs, cfg.eos_id, finished=finished, top=min(top, cfg.tgt_vocab))
+    return SentenceWalk(output, finished, inputs, logits, trace, rows)
 
 
 def _ends_word(names: list[str], t: int, word: str) -> bool:
@@ -26,65 +67,48 @@ def _ends_word(names: list[str], t: int, word: str) -> bool:
     return text.split()[-1:] == [word] and not text.endswith(" ") and following.startswith("▁")
 
 
-@torch.no_grad()
 def explain(translator: Translator, sentence: str, target: str | None = None, all_layers: bool = False,
             top: int = 5) -> dict[str, Any]:
-    """The walk as a JSON-able dict (see module docstring); probes decoder.*.cross_attention and logits."""
+    """The walk as a JSON-able dict (see module docstring); probes decoder.*.cross_attention."""
     model, tgt_tok = translator.model, translator.target
     enc = translator.source.analyse(sentence)
     if not enc.ids:
         raise UsageError("explain: the sentence is empty")
     translator.check_lengths([enc])
-    device = translator.device
-    src = torch.tensor([enc.ids], dtype=torch.long, device=device)          # (1, src)
-    finished = True
-    if target is None:
-        out = greedy(model, src)[0]
-        mode = "free-running (greedy)"
-        # an output as long as its limit was cut there: its last row predicts the model's choice, not EOS
-        finished = len(out) < int(output_limits(model.source_padding(src), model.cfg.max_len)[0])
-    else:
-        out = tgt_tok.encode(target)
-        mode = "teacher-forced"
-    limit = model.cfg.max_len
-    inputs = walk_inputs(out, BOS, limit, finished=finished)
-    if len(inputs) > limit:
-        raise UsageError(f"--target: {len(inputs)} target positions, over the model's limit of {limit}")
-    tgt_in = torch.tensor([inputs], dtype=torch.long, device=device)       # (1, tgt)
     layers = range(model.cfg.decoder_layers) if all_layers else [model.cfg.decoder_layers - 1]
-    model.eval()
-    with model.probes(*[f"decoder.{i}.cross_attention.head.*.weights" for i in layers], "logits") as trace:
-        model(src, tgt_in)
-    walk = next_token_walk(trace["logits"][0], tgt_in[0].tolist(), EOS, finished=finished,
-                           top=min(top, model.cfg.tgt_vocab))
-    names = [tgt_tok.id_to_token(i) or "?" for i in tgt_in[0].tolist()]
+    walk = walk_sentence(model, enc.ids, None if target is None else tgt_tok.encode(target),
+                         [f"decoder.{i}.cross_attention.head.*.weights" for i in layers], top)
+    eos = model.cfg.eos_id
+    names = [tgt_tok.id_to_token(i) or "?" for i in walk.inputs]
     names[0] = "<s>"
     focus_piece = tgt_tok.tokens(FOCUS_NEXT)[0]                            # first sub-word of `him`
     focus_id = tgt_tok.token_to_id(focus_piece)
     rows = []
     focus = None
-    for r in walk:
+    for r in walk.rows:
         t = r.row
         heads = []
         for layer in layers:
             for h in range(model.cfg.heads):
-                w = trace[f"decoder.{layer}.cross_attention.head.{h}.weights"][0, t]  # (src,)
+                w = walk.trace[f"decoder.{layer}.cross_attention.head.{h}.weights"][0, t]  # (src,)
                 j = int(w.argmax())
                 heads.append({"layer": layer, "head": h, "unit": enc.units[j], "position": j,
                               "weight": round(float(w[j]), 4)})
-        rows.append({"row": t, "sees": names[: t + 1], "next": _piece(tgt_tok, r.next_id),
+        rows.append({"row": t, "sees": names[: t + 1], "next": _piece(tgt_tok, r.next_id, eos),
                      "p_next": round(r.p_next, 4), "rank": r.rank,
-                     "top": [{"token": _piece(tgt_tok, i), "p": round(q, 4)} for i, q in r.top],
+                     "top": [{"token": _piece(tgt_tok, i, eos), "p": round(q, 4)} for i, q in r.top],
                      "cross_attention": heads})
         if focus is None and focus_id is not None and _ends_word(names, t, FOCUS_INPUT):
-            probs = torch.softmax(trace["logits"][0, t].double(), dim=-1)  # (vocab,)
+            probs = torch.softmax(walk.logits[t].double(), dim=-1)          # (vocab,)
             focus = {"row": t, "input": names[t], "token": focus_piece, "p": round(float(probs[focus_id]), 4)}
-    return {"sentence": sentence, "units": enc.units, "unknown": enc.unknown, "mode": mode,
-            "translation": tgt_tok.decode(out), "finished": finished, "inputs": names, "rows": rows, "focus": focus}
+    return {"sentence": sentence, "units": enc.units, "unknown": enc.unknown,
+            "mode": "free-running (greedy)" if target is None else "teacher-forced",
+            "translation": tgt_tok.decode(walk.output), "finished": walk.finished, "inputs": names, "rows": rows,
+            "focus": focus}
 
 
-def _piece(tgt_tok, token_id: int) -> str:
-    return "</s>" if token_id == EOS else tgt_tok.id_to_token(token_id) or "?"
+def _piece(tgt_tok, token_id: int, eos: int) -> str:
+    return "</s>" if token_id == eos else tgt_tok.id_to_token(token_id) or "?"
 
 
 def render(walk: dict[str, Any]) -> str:

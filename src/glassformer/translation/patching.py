@@ -31,12 +31,11 @@ import torch
 from torch import Tensor
 
 from ..errors import UsageError
-from .tokenize import BOS
+from ..lesson.examples import LESSON_CORRUPTIONS as DEFAULT_CORRUPT
+from ..lesson.examples import LESSON_PREDICT as DEFAULT_PREDICT
+from ..lesson.examples import LESSON_SENTENCE as DEFAULT_CLEAN
+from ..lesson.examples import LESSON_TARGET as DEFAULT_TARGET
 
-DEFAULT_CLEAN = "我昨天给了他一本书。"
-DEFAULT_CORRUPT = ("我昨天给了她一本书。", "他昨天给了我一本书。")
-DEFAULT_TARGET = "I gave him a book yesterday."
-DEFAULT_PREDICT = "him"
 MAX_CORRUPT = 4                 # corrupted sentences per request: each costs (heads + positions) forward passes
 MAX_SENTENCE_CHARS = 400        # characters of one sentence (as the lab's Sentence view)
 FLAT = 1e-9                     # |p_clean − p_corrupt| below this: the corruption changed nothing to restore
@@ -153,6 +152,7 @@ def focus_row(target, text: str, word: str) -> tuple[int, int, list[int]]:
     """(row, token id, target ids): the row whose next token is the first piece of `word` in `text`.
 
     The row is the one whose newest input is the token just before `word` (BOS I gave → row 2 predicts him).
+    A word cut into several sub-word pieces is measured by its first piece (`word_pieces` counts them).
     """
     if not isinstance(text, str) or not text.strip():
         raise UsageError("target: expected a non-empty English sentence", "target")
@@ -172,6 +172,23 @@ def focus_row(target, text: str, word: str) -> tuple[int, int, list[int]]:
     return len(before), ids[len(before)], ids
 
 
+def word_pieces(target, text: str, word: str) -> int:
+    """How many target tokens the word `word` of `text` is (after focus_row accepted them)."""
+    words = text.split()
+    at = next(k for k, w in enumerate(words) if w.strip(".,!?;:\"'").lower() == word.strip().lower())
+    bare = words[at].strip(".,!?;:\"'")
+    before = len(target.encode(" ".join(words[:at]))) if at else 0
+    return max(1, len(target.encode(" ".join([*words[:at], bare]))) - before)
+
+
+def focus_note(target, word: str, token: int, pieces: int) -> str:
+    """What the scans measure, in words: the whole word, or the first of its sub-word pieces."""
+    piece = _readable(target.id_to_token(token))
+    if pieces > 1:
+        return f"{word!r} is {pieces} sub-word pieces here: p is that of its first piece {piece!r}"
+    return f"{word!r} is one token here ({piece!r})"
+
+
 def lesson_patching(model, source, target, clean: str = DEFAULT_CLEAN, corrupt=DEFAULT_CORRUPT,
                     text: str = DEFAULT_TARGET, predict: str = DEFAULT_PREDICT, *,
                     positions: bool = True) -> dict[str, Any]:
@@ -184,6 +201,7 @@ def lesson_patching(model, source, target, clean: str = DEFAULT_CLEAN, corrupt=D
     limit = model.cfg.max_len
     clean_units, clean_ids = _source(source, clean, "clean")
     row, token, ids = focus_row(target, text, predict)
+    pieces = word_pieces(target, text, predict)
     if len(ids) + 1 > limit or len(clean_ids) > limit:
         raise UsageError(f"target/clean: over the model's limit of {limit} positions")
     runs = []
@@ -195,14 +213,15 @@ def lesson_patching(model, source, target, clean: str = DEFAULT_CLEAN, corrupt=D
             raise UsageError(f"corrupt[{k}]: {len(src_ids)} units ({' '.join(units)}) but the clean sentence has "
                              f"{len(clean_ids)}; patching positions needs the same count (or heads only)",
                              f"corrupt[{k}]")
-        scan = patch_scan(model, torch.tensor([clean_ids]), torch.tensor([src_ids]), torch.tensor([[BOS, *ids]]),
-                          row, token, positions=positions)
+        tgt_in = torch.tensor([[model.cfg.bos_id, *ids]])                  # the decoder starts from cfg.bos_id
+        scan = patch_scan(model, torch.tensor([clean_ids]), torch.tensor([src_ids]), tgt_in, row, token,
+                          positions=positions)
         runs.append({"corrupt": sentence, "units": units, **_plain(scan)})
     names = ["<s>", *(_readable(target.id_to_token(i)) for i in ids)]
     return {"clean": clean, "clean_units": clean_units, "target": text, "inputs": names, "row": row,
             "row_sees": names[: row + 1], "predict": _readable(target.id_to_token(token)), "token_id": token,
             "layers": {"encoder": model.cfg.encoder_layers, "decoder": model.cfg.decoder_layers},
-            "heads": model.cfg.heads, "runs": runs}
+            "heads": model.cfg.heads, "note": focus_note(target, predict.strip(), token, pieces), "runs": runs}
 
 
 def _readable(piece: str | None) -> str:
@@ -237,7 +256,8 @@ def render(result: dict[str, Any]) -> str:
     """The scans as text: a heads × layers table and a layers × positions table per corrupted sentence."""
     lines = [f"clean: {result['clean']} ({' '.join(result['clean_units'])})",
              f"target input: {' '.join(result['inputs'])}",
-             f"quantity: p({result['predict']}) at row {result['row']} (sees {' '.join(result['row_sees'])})"]
+             f"quantity: p({result['predict']}) at row {result['row']} (sees {' '.join(result['row_sees'])})",
+             f"  ({result['note']})"]
     for run in result["runs"]:
         lines += ["", f"corrupted: {run['corrupt']} ({' '.join(run['units'])})",
                   f"  p clean {run['p_clean']:.4f}   p corrupted {run['p_corrupt']:.4f}   "
@@ -280,7 +300,7 @@ def patch_command(args) -> int:
 
     from ..inference.threads import decoding_threads
     from .commands import _device, _model_dir
-    from .decode import Translator
+    from .translator import Translator
 
     torch.set_num_threads(decoding_threads(1))              # one sentence at a time: batch-1 forward passes
     translator = Translator.load(_model_dir(args), _device(args.device))

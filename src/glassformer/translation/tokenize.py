@@ -98,6 +98,8 @@ def segment_unigram(run: str, counts: dict[str, int], max_len: int,
 
     This is jieba's algorithm restricted to the training vocabulary, done as dynamic programming.
     A character covered by no known word becomes a single-character unit with a below-any-word score.
+    Of equally probable splits the one whose last word is longest wins (at every end position), as in the
+    `tokenizers` library's Unigram Viterbi, so an exported source_tokenizer.json cuts the same way.
     ``scores`` is ``log_probs(counts)``, passed in when many runs are cut over the same counts.
     """
     logps, unknown_logp = scores or log_probs(counts)
@@ -111,7 +113,7 @@ def segment_unigram(run: str, counts: dict[str, int], max_len: int,
                     continue
                 logp = unknown_logp
             score = best[end - length][0] + logp
-            if score > best[end][0]:
+            if score >= best[end][0]:                                     # ties: the longer word
                 best[end] = (score, length)
     units: list[str] = []
     end = len(run)
@@ -255,6 +257,11 @@ class SourceTokenizer:
         if self.mode == "bmm":
             return segment_bmm(run, self._words, self._max_len)
         return segment_unigram(run, self._words, self._max_len, self._scores)
+
+    @property
+    def word_counts(self) -> dict[str, int]:
+        """The Han words the segmenter splits over, with their training counts."""
+        return dict(self._words)
 
     @staticmethod
     def is_presegmented(text: str) -> bool:

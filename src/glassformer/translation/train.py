@@ -173,8 +173,8 @@ class Trainer:
     def dev_score(self) -> dict[str, float] | None:
         if not self.eval or not self.data.dev:
             return None
-        from .decode import Translator
         from .evaluate import evaluate_pairs
+        from .translator import Translator
 
         self.model.eval()
         try:

@@ -18,7 +18,7 @@
                 results: null, row: null, sel: { enc: [0, 0], dec: [0, 0], cross: [0, 0] }, runs: 0 },
     masks: null,
     claims: null,
-    patch: { clean: null, corrupt: null, target: null, predict: "him", result: null, runs: 0 },
+    patch: { clean: null, corrupt: null, target: null, predict: null, result: null, runs: 0 },
   };
 
   // ---------------------------------------------------------------- language
@@ -445,7 +445,7 @@
   // ---------------------------------------------------------------- view 2: a sentence
   function units(result) { return result.source; }
 
-  function swapPair() { return (S.info && S.info.swap) || ["我", "他"]; }
+  function swapPair() { return S.info.swap; }              // the lesson's pair, from /api/info
 
   function swappedSource(result) {
     const [a, b] = swapPair(); const u = units(result);
@@ -668,6 +668,7 @@
     if (EMBED) { renderPatch(); return; }                 // patching needs the server: one forward pass per cell
     if (!S.info) S.info = await api("GET", "/api/info");
     st.clean = S.info.default_source; st.corrupt = S.info.patch_corrupt; st.target = S.info.default_target;
+    st.predict = S.info.patch_predict;
     await runPatch();
   }
 

@@ -1,0 +1,155 @@
+"""`glassformer import HF_DIR --out RUN_DIR`: a Hugging Face Marian folder (OPUS-MT) as a glassformer run folder.
+
+Read: config.json (every size checked against glassformer.limits before anything is allocated),
+model.safetensors (its header's shapes checked first) or pytorch_model.bin (only through
+`torch.load(weights_only=True)`: a pickle that asks for anything but tensors is refused), source.spm,
+target.spm, vocab.json (+ target_vocab.json for separate vocabularies), generation_config.json when
+present. Written: an ordinary run folder (config.json with the model's origin, vocab.json naming the
+SentencePiece models, source.spm, target.spm, model.safetensors) that every command loads unchanged.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from .. import limits
+from ..errors import UsageError
+from ..model import ModelConfig, Transformer
+from ..translation.checkpoint import CONFIG, MODEL, VOCAB, read_run_json, save_weights, weight_shapes, write_json
+from . import marian
+from .spm import PAD_TOKEN, PieceVocab, SentencePieceSource, SentencePieceTarget, load_processor
+
+FORMAT = "Hugging Face Marian"
+
+
+def _json(path: Path, limit: str, required: bool = True) -> Any:
+    if not path.is_file():
+        if required:
+            raise UsageError(f"{path}: missing (a Marian folder has config.json, model.safetensors or "
+                             "pytorch_model.bin, source.spm, target.spm and vocab.json)")
+        return None
+    return read_run_json(path, limit)
+
+
+def read_tensors(folder: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """The folder's tensors by Marian name, shapes checked against `cfg` before any tensor is read."""
+    expected = marian.hf_shapes(cfg)
+    st, pt = folder / "model.safetensors", folder / "pytorch_model.bin"
+    path = st if st.is_file() else pt
+    if not path.is_file():
+        raise UsageError(f"{folder}: no model.safetensors or pytorch_model.bin")
+    limits.check(f"{path}: size in bytes", path.stat().st_size, "MAX_WEIGHTS_BYTES")
+    if path == st:
+        shapes = weight_shapes(path)
+        _check_shapes(path, shapes, expected)
+        with safe_open(str(path), framework="pt") as f:
+            return {name: f.get_tensor(name) for name in shapes if name in expected}
+    try:
+        try:
+            loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as error:                  # a file of the legacy (non-zip) format cannot be mapped
+            if "mmap" not in str(error):
+                raise
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # UnpicklingError for a pickle that asks for more than tensors, RuntimeError, EOFError
+        detail = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
+        raise UsageError(f"{path}: refused: not a weights-only PyTorch file ({detail})") from None
+    if not isinstance(loaded, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in loaded.items()):
+        raise UsageError(f"{path}: refused: expected a dict of named tensors, got {type(loaded).__name__}")
+    _check_shapes(path, {k: tuple(v.shape) for k, v in loaded.items()}, expected)
+    return {k: v for k, v in loaded.items() if k in expected}
+
+
+def _check_shapes(path: Path, found: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]]) -> None:
+    for name, shape in found.items():
+        if name in expected and tuple(shape) != expected[name]:
+            raise UsageError(f"{path}: tensor {name} has shape {list(shape)}; config.json implies "
+                             f"{list(expected[name])}")
+
+
+def read_vocab(path: Path) -> dict[str, int]:
+    data = _json(path, "MAX_VOCAB_BYTES")
+    if not isinstance(data, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in data.values()):
+        raise UsageError(f"{path}: expected an object mapping pieces to integer ids")
+    limits.check(f"{path}: entries", len(data), "MAX_VOCAB")
+    return data
+
+
+def read_tokenizers(folder: Path, cfg: ModelConfig) -> tuple[SentencePieceSource, SentencePieceTarget]:
+    """Source and target tokenizers as MarianTokenizer builds them from the folder's files."""
+    for name in ("source.spm", "target.spm", "vocab.json"):
+        if not (folder / name).is_file():
+            raise UsageError(f"{folder / name}: missing (the Marian tokenizer's files are needed)")
+    settings = _json(folder / "tokenizer_config.json", "MAX_CONFIG_BYTES", required=False) or {}
+    separate = settings.get("separate_vocabs") is True if isinstance(settings, dict) else False
+    vocab = read_vocab(folder / "vocab.json")
+    target_vocab = read_vocab(folder / "target_vocab.json") if separate else vocab
+    built = []
+    for name, entries, size in (("vocab.json", vocab, cfg.src_vocab),
+                                ("target_vocab.json" if separate else "vocab.json", target_vocab, cfg.tgt_vocab)):
+        try:
+            piece_vocab = PieceVocab(entries)
+        except ValueError as error:
+            raise UsageError(f"{folder / name}: {error}") from None
+        if len(piece_vocab) != size:
+            raise UsageError(f"{folder / name}: {len(piece_vocab)} entries; config.json's vocabulary has {size}")
+        built.append(piece_vocab)
+    source_spm, target_spm = load_processor(folder / "source.spm")[0], load_processor(folder / "target.spm")[0]
+    try:
+        source = SentencePieceSource(source_spm, built[0], "source.spm")
+        target = SentencePieceTarget(target_spm, built[1], "target.spm", joiner=None if separate else source_spm)
+    except ValueError as error:
+        raise UsageError(f"{folder / 'vocab.json'}: {error}") from None
+    for what, ours, theirs in (("eos_token_id", target.eos_id, cfg.eos_id),
+                               ("pad_token_id", target.pad_id, cfg.pad_id)):
+        if ours != theirs:
+            raise UsageError(f"{folder / CONFIG}: {what} is {theirs}, but the vocabulary puts "
+                             f"{'</s>' if what.startswith('eos') else PAD_TOKEN} at {ours}", what)
+    return source, target
+
+
+def import_marian(folder: str | Path, out: str | Path) -> dict[str, Any]:
+    """Read the Marian folder, write the run folder `out`; returns config.json's origin entry."""
+    folder, out = Path(folder), Path(out)
+    if not folder.is_dir():
+        raise UsageError(f"{folder}: not a folder (download one with `huggingface-cli download "
+                         "Helsinki-NLP/opus-mt-zh-en --local-dir opus-mt-zh-en`)")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"--out {out}: exists and is not an empty folder")
+    cfg = marian.model_config(_json(folder / CONFIG, "MAX_CONFIG_BYTES"), str(folder / CONFIG))
+    generation = _json(folder / "generation_config.json", "MAX_CONFIG_BYTES", required=False)
+    source, target = read_tokenizers(folder, cfg)
+    state = marian.to_glassformer(read_tensors(folder, cfg), cfg, str(folder))
+    model = Transformer(cfg)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise UsageError(f"{folder}: the weights do not fit the model (missing {sorted(missing)[:2]})")
+    parameters = sum(p.numel() for p in model.parameters())
+    origin = {"kind": "imported", "from": str(folder.resolve()), "format": FORMAT, "parameters": parameters,
+              "summary": f"imported from {folder.resolve()} ({FORMAT}, {parameters:,} parameters)"}
+    if isinstance(generation, dict) and isinstance(generation.get("num_beams"), int):
+        origin["num_beams"] = generation["num_beams"]
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("source.spm", "target.spm"):
+        shutil.copyfile(folder / name, out / name)
+    write_json(out / VOCAB, {"source": source.to_dict(), "target": target.to_dict()})
+    save_weights(model, out / MODEL)
+    write_json(out / CONFIG, {"model": cfg.to_dict(), "train": {}, "origin": origin})
+    return origin
+
+
+# ---- glassformer import ------------------------------------------------------------------------
+def add_import_arguments(parser) -> None:
+    parser.add_argument("folder", metavar="HF_DIR", help="a Hugging Face Marian folder (e.g. opus-mt-zh-en)")
+    parser.add_argument("--out", required=True, metavar="RUN_DIR", help="the run folder to write (new or empty)")
+
+
+def import_command(args) -> int:
+    origin = import_marian(args.folder, args.out)
+    print(f"{args.out}: {origin['summary']}")
+    return 0

@@ -1,0 +1,110 @@
+"""The Translator: Chinese text in, English text out — segmentation, length checks, batching, decoding
+(translation/search.py), detokenization. The CLI, the evaluation and the training loop share it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from ..errors import UsageError
+from ..inference import decoding_threads, prepare, use_threads
+from ..model import Transformer
+from .search import DEFAULT_ALPHA, generate, strategy
+from .tokenize import SourceEncoding, SourceTokenizer, TargetTokenizer
+
+
+def _fast(model):
+    """The decoder translation runs: glassformer.inference's prepared weights for a Transformer, prepared
+    now from the model's current weights (a model still training is read afresh at each call)."""
+    return prepare(model) if isinstance(model, Transformer) else model
+
+
+class Translator:
+    """Chinese text in, English text out: segmentation, length checks, batched decoding, detokenization."""
+
+    def __init__(self, model, source: SourceTokenizer, target: TargetTokenizer,
+                 device: str | torch.device = "cpu", batch_size: int = 64) -> None:
+        self.model, self.source, self.target = model, source, target
+        self.device = torch.device(device)
+        self.batch_size = batch_size
+
+    @classmethod
+    def load(cls, folder, device: str | torch.device = "cpu") -> Translator:
+        from .checkpoint import load_translator_parts
+
+        model, source, target, _ = load_translator_parts(folder, device)
+        return cls(model, source, target, device)
+
+    @property
+    def max_source_len(self) -> int:
+        """Longest source (in units) the model's positions accept."""
+        return self.model.cfg.max_len
+
+    def analyse(self, texts: Sequence[str]) -> list[SourceEncoding]:
+        """Segment and encode each text (units, ids, unknown units)."""
+        return [self.source.analyse(t) for t in texts]
+
+    def check_lengths(self, encodings: Sequence[SourceEncoding], truncate: bool = False,
+                      first_line: int = 1) -> list[list[int]]:
+        """Source ids per text; over-long input is a UsageError naming the limit, or cut with truncate."""
+        limit = self.max_source_len
+        ids = []
+        for n, enc in enumerate(encodings, start=first_line):
+            if len(enc.ids) > limit and not truncate:
+                raise UsageError(f"input line {n}: {len(enc.ids)} units, over the model's limit of {limit} "
+                                 "source units (shorten it or pass --truncate)")
+            ids.append(enc.ids[:limit])
+        return ids
+
+    def check_max_length(self, max_length: int | None) -> None:
+        """A requested output limit must be a positive count within the model's target positions."""
+        if max_length is None:
+            return
+        limit = self.model.cfg.max_len
+        if not 1 <= max_length <= limit:
+            raise UsageError(f"--max-length: {max_length} tokens, outside 1..{limit} (the model's limit of "
+                             f"{limit} target positions)", "max_length")
+
+    def translate_ids(self, sources: Sequence[Sequence[int]], beam: int = 1, alpha: float = DEFAULT_ALPHA,
+                      max_length: int | None = None) -> list[list[int]]:
+        """Target ids for source id lists; sorted by length into batches, returned in input order.
+
+        Each sentence generates at most `max_length` tokens (EOS included) when given, else the
+        source-length rule of translation/search.py; the thread policy follows the batch size."""
+        self.check_max_length(max_length)
+        out: list[list[int]] = [[] for _ in sources]
+        order = sorted((i for i, s in enumerate(sources) if len(s)), key=lambda i: len(sources[i]))
+        if not order:
+            return out
+        decoder, search, pad_id = _fast(self.model), strategy(beam), self.model.cfg.pad_id
+        with use_threads(decoding_threads(min(len(order), self.batch_size) * beam)):
+            for start in range(0, len(order), self.batch_size):
+                chunk = order[start: start + self.batch_size]
+                src = pad_sequence([torch.tensor(sources[i], dtype=torch.long) for i in chunk], batch_first=True,
+                                   padding_value=pad_id).to(self.device)     # (batch, longest)
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+                    hyps = generate(decoder, src, search, alpha=alpha, max_len=max_length)
+                for i, h in zip(chunk, hyps, strict=True):
+                    out[i] = h[0].tokens
+        return out
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.target.decode(ids)
+
+    def translate(self, texts: Sequence[str], beam: int = 1, alpha: float = DEFAULT_ALPHA,
+                  truncate: bool = False, max_length: int | None = None) -> list[str]:
+        """One English line per input text (an empty or blank text gives an empty line)."""
+        ids = self.check_lengths(self.analyse(texts), truncate)
+        return self._detokenized(ids, self.translate_ids(ids, beam, alpha, max_length))
+
+    def translate_units(self, unit_lists: Sequence[Sequence[str]], beam: int = 1, alpha: float = DEFAULT_ALPHA,
+                        max_length: int | None = None) -> list[str]:
+        """Translate already segmented sources (e.g. the corpus's gold units)."""
+        limit = self.max_source_len
+        ids = [self.source.vocab.encode(list(units))[:limit] for units in unit_lists]
+        return self._detokenized(ids, self.translate_ids(ids, beam, alpha, max_length))
+
+    def _detokenized(self, sources: list[list[int]], hyps: list[list[int]]) -> list[str]:
+        return [self.detokenize(h) if src else "" for h, src in zip(hyps, sources, strict=True)]
