@@ -14,11 +14,10 @@ import torch
 transformers = pytest.importorskip("transformers")
 spm = pytest.importorskip("sentencepiece")
 
-from glassformer.translation.decode import beam_search  # noqa: E402
-
 from glassformer.cli import main  # noqa: E402
 from glassformer.interop.importer import import_marian  # noqa: E402
 from glassformer.translation.checkpoint import load_translator_parts  # noqa: E402
+from glassformer.translation.search import beam_search, greedy  # noqa: E402
 
 ZH = ["我昨天给了他一本书。", "他昨天给了我一本书。", "你明天去学校吗？", "我喜欢喝茶。", "她很高兴。",
       "我们在北京学习中文。", "这本书很好看。", "今天天气很好。"]
@@ -102,50 +101,6 @@ def imported(run_dir):
     return load_translator_parts(run_dir)
 
 
-class CfgIds:
-    """glassformer's decoding seen through ids where start = 1, end = 2 (its own convention), pad never
-    generated: wraps the imported model with a swap of ids, so beam_search runs unchanged on it."""
-
-    def __init__(self, model) -> None:
-        cfg = model.cfg
-        self.model = model
-        self.to_real = list(range(cfg.tgt_vocab))
-        for view, real in ((1, cfg.bos_id), (2, cfg.eos_id)):
-            a = self.to_real.index(real)
-            self.to_real[view], self.to_real[a] = self.to_real[a], self.to_real[view]
-        self.to_real = torch.tensor(self.to_real)
-        self.to_view = torch.argsort(self.to_real)
-        self.cfg = cfg.replace(bos_id=1, eos_id=2, pad_id=int(self.to_view[cfg.pad_id]))
-
-    def encode(self, src, src_pad=None):
-        return self.model.encode(self.to_real[src], src_pad)
-
-    def new_cache(self):
-        return self.model.new_cache()
-
-    def decode_step(self, tokens, memory, src_pad, cache):
-        logits = self.model.decode_step(self.to_real[tokens], memory, src_pad, cache)[..., self.to_real]
-        logits[..., self.cfg.pad_id] = -torch.inf                            # as bad_words_ids=[[pad]]
-        return logits
-
-
-def our_greedy(model, ids: list[int], limit: int) -> list[int]:
-    """Greedy over model.decode_step with the special ids of model.cfg (start, end, pad never chosen)."""
-    cfg = model.cfg
-    src = torch.tensor([ids])
-    memory, cache = model.encode(src), model.new_cache()
-    token, out = cfg.bos_id, []
-    with torch.no_grad():
-        for _ in range(limit):
-            logits = model.decode_step(torch.tensor([[token]]), memory, src == cfg.pad_id, cache)[0, -1]
-            logits[cfg.pad_id] = -torch.inf
-            token = int(logits.argmax())
-            if token == cfg.eos_id:
-                break
-            out.append(token)
-    return out
-
-
 def _marian_table(n: int, d: int) -> torch.Tensor:
     """MarianSinusoidalPositionalEmbedding.create_weight's numbers without its cast to float32."""
     import numpy as np
@@ -216,7 +171,7 @@ def test_greedy_equals_generate(imported, reference):
                              bad_words_ids=[[model.cfg.pad_id]], forced_eos_token_id=None)[0].tolist()
         assert theirs[0] == model.cfg.bos_id
         theirs = [t for t in theirs[1:] if t != model.cfg.eos_id]
-        ours = our_greedy(model, ids, 30)
+        ours = greedy(model, torch.tensor([ids]), max_len=30)[0]            # the ids of model.cfg
         assert ours == theirs, zh
         texts.append(target.decode(ours))
         assert texts[-1] == tok.decode(theirs, skip_special_tokens=True)
@@ -228,7 +183,6 @@ def test_beam4_equals_transformers_beam_search(imported, reference):
     is transformers' with length_penalty=alpha and early_stopping="never"; no forced EOS at the limit."""
     model, source, _, _ = imported
     hf, _ = reference
-    view = CfgIds(model)
     for zh in ZH + UNSEEN:
         ids = source.encode(zh)
         limit = 2 * len(ids) + 10
@@ -236,9 +190,22 @@ def test_beam4_equals_transformers_beam_search(imported, reference):
                              length_penalty=1.0, early_stopping="never", bad_words_ids=[[model.cfg.pad_id]],
                              forced_eos_token_id=None)[0].tolist()
         theirs = [t for t in theirs[1:] if t not in (model.cfg.eos_id, model.cfg.pad_id)]
-        src = view.to_view[torch.tensor([ids])]
-        ours = beam_search(view, src, src == view.cfg.pad_id, beam=4, alpha=1.0, max_len=limit)[0]
-        assert [int(view.to_real[t]) for t in ours] == theirs, zh
+        src = torch.tensor([ids])
+        ours = beam_search(model, src, src == model.cfg.pad_id, beam=4, alpha=1.0, max_len=limit)[0]
+        assert ours == theirs, zh
+
+
+def test_translate_command_on_the_imported_folder(run_dir, imported, reference, capsys):
+    """`glassformer translate` on the run folder prints transformers' greedy text (start at pad, end at </s>)."""
+    hf, tok = reference
+    _, source, _, _ = imported
+    assert main(["translate", "--model", str(run_dir), *UNSEEN]) == 0
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    for zh, line in zip(UNSEEN, printed[-len(UNSEEN):], strict=True):
+        theirs = hf.generate(torch.tensor([source.encode(zh)]), num_beams=1, do_sample=False,
+                             max_new_tokens=2 * len(source.encode(zh)) + 10, bad_words_ids=[[imported[0].cfg.pad_id]],
+                             forced_eos_token_id=None)[0].tolist()
+        assert line.strip().endswith(tok.decode(theirs, skip_special_tokens=True).strip()), (zh, line)
 
 
 def test_probes_exist_and_patch_runs(run_dir, imported, capsys):
@@ -358,4 +325,16 @@ def test_imported_model_exports_to_transformers_and_ctranslate2(run_dir, importe
         tokens = [*processor.encode(zh, out_type=str), "</s>"]                # as MarianTokenizer cuts it
         result = translator.translate_batch([tokens], beam_size=1, max_decoding_length=30,
                                             suppress_sequences=[["<pad>"]])[0].hypotheses[0]
-        assert [source.vocab.token_to_id(t) for t in result] == our_greedy(model, source.encode(zh), 30), zh
+        ours = greedy(model, torch.tensor([source.encode(zh)]), max_len=30)[0]
+        assert [source.vocab.token_to_id(t) for t in result] == ours, zh
+
+
+def test_the_lab_names_the_import_and_the_models_own_special_tokens(run_dir, imported):
+    from glassformer.lab.models import load_model
+
+    lab = load_model(run_dir, required=True)
+    cfg = lab.model.cfg
+    assert "imported from" in lab.origin
+    assert lab.piece(cfg.eos_id) == "</s>" and lab.piece(cfg.pad_id) == "<pad>"     # Marian: </s> 0, <pad> last
+    word = next(i for i in range(cfg.tgt_vocab) if i not in (cfg.eos_id, cfg.pad_id) and lab.piece(i).isalpha())
+    assert lab.piece(word) == imported[2].decode([word]).strip()

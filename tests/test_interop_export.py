@@ -13,8 +13,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from glassformer.translation.decode import Translator, pad_batch  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
+from torch.nn.utils.rnn import pad_sequence  # noqa: E402
 
 from glassformer.cli import main  # noqa: E402
 from glassformer.interop import marian, segmenter  # noqa: E402
@@ -23,7 +23,8 @@ from glassformer.interop.importer import import_marian  # noqa: E402
 from glassformer.model import ModelConfig, Transformer  # noqa: E402
 from glassformer.translation.checkpoint import load_translator_parts, save_run_files, save_weights  # noqa: E402
 from glassformer.translation.recipes import with_characters  # noqa: E402
-from glassformer.translation.tokenize import BOS, EOS, SourceTokenizer, TargetTokenizer  # noqa: E402
+from glassformer.translation.tokenize import BOS, EOS, PAD, SourceTokenizer, TargetTokenizer  # noqa: E402
+from glassformer.translation.translator import Translator  # noqa: E402
 
 NOT_IN_CORPUS = ["我昨天给了她三本书。", "你们明天去北京吗？", "他不喜欢喝咖啡！", "ABC 和 123", "我很高兴认识你。"]
 
@@ -47,8 +48,10 @@ def run_dir(corpus, tmp_path_factory) -> Path:
                            head_bias=True)
     torch.manual_seed(0)
     model = Transformer(cfg)
-    src = pad_batch([source.vocab.encode(p.zh_units) for p in pairs])
-    tgt = pad_batch([[BOS, *target.encode(p.en), EOS] for p in pairs])
+    src = pad_sequence([torch.tensor(source.vocab.encode(p.zh_units)) for p in pairs], batch_first=True,
+                       padding_value=PAD)
+    tgt = pad_sequence([torch.tensor([BOS, *target.encode(p.en), EOS]) for p in pairs], batch_first=True,
+                       padding_value=PAD)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     model.train()
     for _ in range(60):

@@ -275,7 +275,7 @@ def test_a_run_folder_is_loaded_as_the_trained_translator_with_readable_pieces(t
     save_run_files(tmp_path, cfg, {}, source, target)
     save_weights(Transformer(cfg), tmp_path / MODEL)
     lab = load_model(tmp_path, required=True)
-    assert lab.trained and lab.origin == str(tmp_path)
+    assert lab.trained and lab.origin.startswith(f"{tmp_path}: trained here (")
     r = LabAPI(lab).sentence({"source": DEFAULT_SOURCE, "target": DEFAULT_TARGET})
     assert r["model"]["trained"] is True and "已训练" in r["model"]["label"]["zh"]
     assert r["target"][1:4] == ["I", "gave", "him"]                  # decoded strings, not '▁gave'
@@ -470,7 +470,7 @@ def test_concurrent_trace_and_sentence_requests(server, api):
 
 def test_export_is_one_self_contained_page(api, tmp_path):
     html = build_html(api)
-    assert html.count("<script") == 3 and 'src="' not in html and 'href="style.css"' not in html
+    assert html.count("<script") == 4 and 'src="' not in html and 'href="style.css"' not in html  # i18n why data app
     assert "Content-Security-Policy" in html and "default-src 'none'" in html
     data = json.loads(re.search(r"window\.LAB_EMBED = (\{.*?\});</script>", html, re.S).group(1)
                       .replace("<\\/", "</"))

@@ -200,6 +200,23 @@ def test_the_notebooks_show_the_lessons_numbers(executed):
         assert decoding.count("True") >= 2 and "False" not in decoding
 
 
+def test_the_attribution_chapter_checks_itself(executed):
+    notebooks, _ = executed
+    for lang in LANGS:
+        text = _text(notebooks[NOTEBOOKS / lang / "06_attribution.ipynb"])
+        gap = re.search(r"(?:最大相对差|largest relative gap) (\S+)", text)
+        assert gap and float(gap[1]) < 0.05                            # integrated gradients are complete
+        future = re.search(r"(?:之和|cannot see) (\S+)", text)
+        assert future and float(future[1]) == 0.0                     # the triangle: exactly nothing flows
+        flips = [float(x) for x in re.findall(r"\+ a\(her,him\)\| = (\S+)", text)]
+        assert len(flips) == 2 and max(flips) < 1e-9                  # him vs her = −(her vs him), both methods
+        lens = re.search(r"\|Δp\| = (\S+)", text)
+        assert lens and float(lens[1]) < 1e-6                         # the last reading is the model's own
+        decoding = notebooks[NOTEBOOKS / lang / "05_decoding.ipynb"]
+        pictures = sum("image/png" in o.get("data", {}) for c in decoding.cells for o in c.get("outputs", []))
+        assert pictures >= 2                                           # the cache and the beams
+
+
 def test_a_cell_that_raises_fails_the_run(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1"),
                                          nbformat.v4.new_code_cell("raise ValueError('broken cell')")])

@@ -139,6 +139,7 @@ with torch.no_grad():
     beams = [([], 0.0)] + [([], -math.inf)] * (K - 1)                     # (tokens, summed log p); one live beam
     tokens = torch.full((K, 1), BOS)
     best = None                                                           # (tokens, score, normalised)
+    history = []                                                          # per step: live (parent, token, score)
     for step in range(limit):
         logp = torch.log_softmax(model.decode_step(tokens, memory_k, pad_k, cache)[:, -1].double(), dim=-1)
         vocab = logp.size(-1)
@@ -156,6 +157,7 @@ with torch.no_grad():
                         best = (done, s, length_normalized(s, length, alpha))
             elif len(live) < K:
                 live.append((parent, token, s))
+        history.append(list(live))
         shown = "   ".join(f"{pa}→{k} +{lab.piece(t):<9s}{s:7.2f}" for k, (pa, t, s) in enumerate(live))
         print(f"step {step:2d}  cache {cache.length:2d}   {shown}")
         if best is not None:
@@ -176,6 +178,26 @@ print(T("beam search：", "beam search:"), lab.target.decode(best[0]))
 print(T("与 search.BeamSearch 相同：", "same as search.BeamSearch:"), library.tokens == best[0],
       f"(score {library.score:.4f})")
 print(T("greedy：", "greedy:"), lab.target.decode(chosen))
+
+# %%
+# the beams step by step: each dot a live hypothesis (its newest word and summed log p), each line its parent
+fig, ax = plt.subplots(figsize=(min(14, 2 + 1.3 * len(history)), 3.6))
+for step, live in enumerate(history):
+    for k, (parent, token, score) in enumerate(live):
+        if step > 0:
+            ax.plot([step - 1, step], [history[step - 1][parent][2], score], "-", color="#9aa5b1", lw=1)
+        ax.plot(step, score, "o", color="#d6452e" if k == 0 else "#1f5fa8", ms=5)
+        ax.annotate(lab.piece(token), (step, score), textcoords="offset points", xytext=(4, 3), fontsize=7)
+if best is not None:
+    ax.axhline(best[1], ls="--", color="#1d7a3a", lw=1,
+               label=T(f"最好的完成句：score {best[1]:.2f}", f"best finished: score {best[1]:.2f}"))
+    ax.legend(fontsize=8, loc="lower left")
+ax.set_xlabel(T("第几步", "step"))
+ax.set_ylabel(T("累计 log 概率", "summed log probability"))
+ax.set_title(T(f"beam search，K = {K}：每一步留下的候选（红：第一名）", f"beam search, K = {K}: the hypotheses kept each step (red: the best)"),
+             fontsize=10)
+fig.tight_layout()
+plt.show()
 
 # %% md zh
 # 每一行是一步：`父→新` 表示新 beam 由哪个旧 beam 接上哪个词，后面是累计 log 概率；“cache” 是这一步之后缓存的位置数，

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("glassformer.translation.commands", "sacreBLEU BLEU and chrF of a model on a split"),
     "explain": ("glassformer.translation.commands", "the lesson's walk in numbers for one sentence"),
     "patch": ("glassformer.translation.patching", "activation patching: which heads and positions carry 他 to `him`"),
+    "attribute": ("glassformer.translation.why", "why him: attribution to source and target prefix, the logit lens"),
     "lab": ("glassformer.lab.commands", "the browser lab: follow one token through the Transformer"),
     "import": ("glassformer.interop.importer", "a Hugging Face Marian folder (OPUS-MT) as a run folder"),
     "export": ("glassformer.interop.export", "a run folder as a transformers or CTranslate2 model folder"),

@@ -32,6 +32,10 @@ MAX_SENTENCE_TOKENS = 512            # units / tokens of one sentence on either 
 MAX_TOP_K = 20                       # candidates listed per target row
 MAX_BEAM = 32                        # beam size of `translate` / `evaluate`
 
+# ---- attribution (`attribute`, POST /api/attribute) ------------------------------------------
+MAX_IG_STEPS = 256                   # integrated-gradients steps (Gauss–Legendre nodes) per row
+MAX_ATTRIBUTION_PASSES = 8192        # sentence copies one request runs forward and backward (rows × steps)
+
 # ---- model folders (config.json, model.safetensors, vocab.json) ------------------------------
 MAX_D_MODEL = 4096
 MAX_LAYERS = 48                      # encoder or decoder layers

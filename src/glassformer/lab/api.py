@@ -1,11 +1,12 @@
 """The lab's JSON API, independent of HTTP: one method per endpoint, plain dicts in and out.
 
 Endpoints (documented in docs/lab.md) are the rows of `LabAPI.ROUTES`: POST /api/trace, GET /api/block,
-POST /api/sentence, GET /api/masks, GET /api/verify, POST /api/patch, GET /api/info. Bodies are checked by
-glassformer.validation; bad input raises glassformer.errors.UsageError (its `status` 400, or 413 over a
-limit of glassformer.limits, and its `field`); the server turns it into {"error": ..., "field": ...}. The
-model is shared by every request thread, so each use of it holds `LabAPI.lock` and runs under
-torch.inference_mode.
+POST /api/sentence, GET /api/masks, GET /api/verify, POST /api/patch, POST /api/attribute, GET /api/info.
+Bodies are checked by glassformer.validation; bad input raises glassformer.errors.UsageError (its `status`
+400, or 413 over a limit of glassformer.limits, and its `field`); the server turns it into
+{"error": ..., "field": ...}. The model is shared by every request thread, so each use of it holds
+`LabAPI.lock` and runs under torch.inference_mode (POST /api/attribute takes gradients: autograd on,
+still under the lock).
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ class LabAPI:
         ("GET", "/api/masks", "masks"),
         ("GET", "/api/verify", "verify"),
         ("POST", "/api/patch", "patch"),
+        ("POST", "/api/attribute", "attribute"),
         ("GET", "/api/info", "info"),
     )
 
@@ -230,6 +232,11 @@ class LabAPI:
             result = lesson_patching(lab.model, lab.source, lab.target, request.clean, request.corrupt,
                                      request.target, request.predict, positions=request.positions)
         return {"model": self.describe(lab), **finite_json(result)}
+
+    # -- POST /api/attribute (the "Why him" view: lab/attribution_api.py)
+    def attribute(self, body: Any) -> dict:
+        from .attribution_api import attribute_endpoint
+        return attribute_endpoint(self, body)
 
     # -- GET /api/info
     def info(self) -> dict:

@@ -107,6 +107,7 @@ def build_html(api: LabAPI, static_dir: str | Path = STATIC_DIR) -> str:
     css = _script_safe((static / "style.css").read_text(encoding="utf-8"), "style.css")
     i18n = _script_safe((static / "i18n.js").read_text(encoding="utf-8"), "i18n.js")
     app = _script_safe((static / "app.js").read_text(encoding="utf-8"), "app.js")
+    why = _script_safe((static / "why.js").read_text(encoding="utf-8"), "why.js")
     data = json.dumps(export_data(api), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     data = data.replace("</", "<\\/").replace("<!--", "<\\!--")
     pieces = {
@@ -114,6 +115,7 @@ def build_html(api: LabAPI, static_dir: str | Path = STATIC_DIR) -> str:
             f'<meta charset="utf-8">\n<meta http-equiv="Content-Security-Policy" content="{OFFLINE_CSP}">',
         '<link rel="stylesheet" href="style.css">': f"<style>\n{css}\n</style>",
         '<script src="i18n.js" defer></script>': f"<script>\n{i18n}\n</script>",
+        '<script src="why.js" defer></script>': f"<script>\n{why}\n</script>",
         '<script src="app.js" defer></script>':
             f"<script>window.LAB_EMBED = {data};</script>\n<script>\n{app}\n</script>",
     }

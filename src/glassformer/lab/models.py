@@ -44,13 +44,16 @@ class LabModel:
         return cls(model, twin, source, target, trained, origin)
 
     def piece(self, token_id: int) -> str:
-        """A target id as readable text: sub-word marks removed, specials by name (never raw bytes)."""
-        if token_id < len(SPECIAL_TOKENS):
-            return SPECIAL_TOKENS[token_id]
+        """A target id as readable text: sub-word marks removed, specials by name (never raw bytes).
+
+        The special ids are the model's own (glassformer: <pad> 0, <s> 1, </s> 2; Marian: </s> 0, <pad> last)."""
         token = self.target.id_to_token(token_id)
         if token is None:
             return f"<{token_id}>"
-        text = self.target.tokenizer.decode([token_id]).strip()
+        cfg = self.model.cfg
+        if token in SPECIAL_TOKENS or token_id in (cfg.pad_id, cfg.bos_id, cfg.eos_id):
+            return token
+        text = self.target.decode([token_id]).strip()
         return text or token.replace("▁", " ").strip() or token
 
 
@@ -96,8 +99,9 @@ def load_model(model_dir: str | Path | None, *, required: bool = False) -> LabMo
     if not folder.exists() and not required:
         return untrained_model(why=f"no trained model in {folder}")
     try:
-        from ..translation.checkpoint import load_translator_parts
+        from ..translation.checkpoint import load_translator_parts, origin_summary
         model, source, target, _ = load_translator_parts(folder)
+        origin = f"{folder}: {origin_summary(folder)}"
     except UsageError as error:
         if required:
             raise
@@ -106,4 +110,4 @@ def load_model(model_dir: str | Path | None, *, required: bool = False) -> LabMo
         if required:
             raise UsageError(f"--model {folder}: cannot load the translator: {error}") from None
         return untrained_model(why=f"{folder} could not be loaded")
-    return LabModel.build(model, source, target, trained=True, origin=str(folder))
+    return LabModel.build(model, source, target, trained=True, origin=origin)

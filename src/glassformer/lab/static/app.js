@@ -5,7 +5,8 @@
   const I18N = window.LAB_I18N;
   const EMBED = window.LAB_EMBED || null;          // set only in the exported, offline page
   const LANG_KEY = "glassformer.lab.lang";
-  const VIEWS = ["block", "sentence", "masks", "claims", "patch"];
+  const EXTRA = window.LAB_EXTRA_VIEWS || {};      // views kept in their own files (why.js): {show(L), render(L)}
+  const VIEWS = ["block", "sentence", "masks", "claims", "patch", ...Object.keys(EXTRA)];
   const TOL = 1e-12;                                // a number "changed" when |Δ| exceeds this
 
   const S = {
@@ -728,7 +729,12 @@
   }
 
   // ---------------------------------------------------------------- routing
+  // what an extra view gets from this page: its helpers and the shared state it may read
+  const LAB = { t, el, api, fmt, heat, showError, embed: EMBED, lang: () => S.lang,
+                info: async () => S.info || (S.info = await api("GET", "/api/info")) };
+
   function renderAll() {
+    Object.values(EXTRA).forEach((v) => v.render(LAB));
     if (S.block.base) renderBlock();
     if (S.sentence.results) renderSentence();
     if (S.masks) renderMasks();
@@ -747,6 +753,7 @@
       else if (S.view === "sentence") { if (!S.sentence.results) renderSentence(); await loadSentence(); }
       else if (S.view === "masks") { if (!S.masks) renderMasks(); await loadMasks(); }
       else if (S.view === "patch") { if (!S.patch.result) renderPatch(); await loadPatch(); }
+      else if (EXTRA[S.view]) await EXTRA[S.view].show(LAB);
       else await loadClaims();
     } catch (err) { showError(err); }
   }

@@ -1,0 +1,141 @@
+// glassformer lab, view 6 "Why him": attribution map target × (source | target prefix), the contrast box,
+// and the logit lens curve of the `gave` row. Registered as an extra view; app.js routes to it and hands
+// it its helpers (t, el, api, fmt, heat, showError, ...). Data: POST /api/attribute.
+"use strict";
+(function () {
+  const views = (window.LAB_EXTRA_VIEWS = window.LAB_EXTRA_VIEWS || {});
+  const METHODS = ["integrated-gradients", "input-x-gradient", "saliency", "attention"];
+  const SVG = "http://www.w3.org/2000/svg";
+  const W = {
+    source: null, target: null, method: "integrated-gradients", contrast: "her", steps: 128, result: null, runs: 0,
+  };
+
+  async function show(L) {
+    if (L.embed) { render(L); return; }                  // attribution needs the server (gradients)
+    if (W.source !== null) { render(L); return; }
+    const info = await L.info();
+    W.source = info.default_source; W.target = info.default_target;
+    await run(L);
+  }
+
+  async function run(L) {
+    render(L);
+    try {
+      W.result = await L.api("POST", "/api/attribute", {
+        source: W.source, target: W.target.trim() ? W.target : null, method: W.method,
+        contrast: W.contrast.trim() ? W.contrast.trim() : null, steps: Number(W.steps),
+      });
+      L.showError(null);
+    } catch (err) { L.showError(err); return; }
+    render(L);
+    W.runs += 1;
+    document.body.dataset.whyRuns = String(W.runs);
+  }
+
+  function controls(L) {
+    const { el, t } = L;
+    const text = (id, key, size) => el("input", { type: "text", id, value: W[key], size, onchange: (e) => { W[key] = e.target.value; } });
+    const method = el("select", { id: "why-method", onchange: (e) => { W.method = e.target.value; run(L); } },
+      METHODS.map((m) => el("option", { value: m, selected: W.method === m }, t("why.method." + m))));
+    const steps = el("input", { type: "number", id: "why-steps", value: String(W.steps), min: "1", max: "256", style: "width:5rem",
+      onchange: (e) => { W.steps = e.target.value; } });
+    const fields = [["why.source", text("why-source", "source", "30")], ["why.target", text("why-target", "target", "30")],
+      ["why.method", method], ["why.contrast", text("why-contrast", "contrast", "8")], ["why.steps", steps]];
+    return el("div", { class: "controls" },
+      fields.map(([key, node]) => el("label", { class: "group" }, el("span", { class: "label" }, t(key)), node)),
+      el("button", { type: "button", id: "why-run", onclick: () => {
+        ["source", "target", "contrast"].forEach((k) => { W[k] = document.getElementById("why-" + k).value; });
+        W.steps = document.getElementById("why-steps").value; run(L);
+      } }, t("why.run")));
+  }
+
+  // the map: one row per target word; source units, a gap, then the target inputs that row can see
+  function attributionMap(L, r) {
+    const { el, fmt, heat } = L;
+    const prefixNames = r.rows.reduce((a, row) => (row.prefix.length > a.length ? row.prefix.map((p) => p[0]) : a), []);
+    let maxAbs = 0;
+    r.rows.forEach((row) => [...row.source, ...row.prefix].forEach(([, v]) => { maxAbs = Math.max(maxAbs, Math.abs(v)); }));
+    const positive = r.method === "saliency" || r.method === "attention";
+    const cell = (v) => el("td", { class: "num", style: heat(v, maxAbs, positive), title: String(v) }, fmt(v, 2));
+    return el("table", { class: "heat compact", data: { probe: "why.map" } },
+      el("thead", {}, el("tr", {}, el("th", {}), r.details.units.map((u) => el("th", { class: "src", text: u })),
+        el("th", { class: "gap" }, "│"), prefixNames.map((p) => el("th", { class: "pre", text: p })))),
+      el("tbody", {}, r.rows.map((row) => el("tr", { data: { token: row.token, position: String(row.position) } },
+        el("th", { text: row.token }), row.source.map(([, v]) => cell(v)), el("td", { class: "gap" }, "│"),
+        prefixNames.map((_, k) => (k < row.prefix.length ? cell(row.prefix[k][1]) : el("td", { class: "masked" })))))));
+  }
+
+  function contrastBox(L, r) {
+    const { el, t, fmt } = L;
+    const lens = r.details.lens;
+    const row = r.rows.find((w) => w.position === lens.row) || null;
+    const lines = [el("p", {}, r.contrast ? t("why.quantity.contrast", { w: lens.token, c: r.contrast }) : t("why.quantity.plain"))];
+    if (row && r.method !== "attention") {
+      const top = row.source.reduce((a, b) => (Math.abs(b[1]) > Math.abs(a[1]) ? b : a));
+      lines.push(el("p", { id: "why-top" }, t("why.top", { i: lens.row, w: row.token, u: top[0], v: fmt(top[1], 3) })));
+      if (row.delta !== null) lines.push(el("p", { class: "note" }, t("why.complete", { s: fmt(row.sum, 4), d: fmt(row.delta, 4), n: r.details.steps })));
+    }
+    lines.push(el("p", { id: "why-probs" }, r.contrast
+      ? t("why.probs.contrast", { w: lens.token, c: r.contrast, p: fmt(lens.p_model, 4), q: fmt(lens.p_contrast_model, 4) })
+      : t("why.probs.plain", { w: lens.token, p: fmt(lens.p_model, 4) })));
+    return el("div", { class: "panel", id: "why-contrast-box" }, el("h3", {}, t("why.contrast.heading")), ...lines);
+  }
+
+  function svg(tag, attrs, text) {
+    const node = document.createElementNS(SVG, tag);
+    Object.entries(attrs).forEach(([k, v]) => node.setAttribute(k, String(v)));
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  function lensCurve(L, r) {
+    const { el, t, fmt } = L;
+    const lens = r.details.lens;
+    const steps = lens.steps;
+    const gap = 100, w = 90 + gap * steps.length, h = 230, top = 34, bottom = 170, left = 50;
+    const peak = Math.max(1e-9, ...steps.map((s) => s.p), ...steps.map((s) => s.p_contrast || 0));
+    const x = (i) => left + 45 + gap * i;
+    const y = (p) => bottom - (bottom - top) * (p / peak);
+    const chart = svg("svg", { id: "why-lens-chart", width: w, height: h, viewBox: `0 0 ${w} ${h}`, role: "img" });
+    chart.append(svg("line", { x1: left, y1: bottom, x2: w - 10, y2: bottom, stroke: "#5b6570" }),
+      svg("line", { x1: left, y1: top, x2: left, y2: bottom, stroke: "#5b6570" }),
+      svg("text", { x: 4, y: top + 4, "font-size": 11 }, fmt(peak, 3)), svg("text", { x: 4, y: bottom, "font-size": 11 }, "0"));
+    const series = [["p", "#d6452e", lens.token]];
+    if (lens.contrast) series.push(["p_contrast", "#2f67c7", lens.contrast]);
+    series.forEach(([key, colour, word], k) => {
+      chart.append(svg("polyline", { fill: "none", stroke: colour, "stroke-width": 2,
+        points: steps.map((s, i) => `${x(i)},${y(s[key])}`).join(" ") }));
+      steps.forEach((s, i) => chart.append(svg("circle", { cx: x(i), cy: y(s[key]), r: 3, fill: colour })));
+      chart.append(svg("text", { x: left + 10 + 90 * k, y: 14, fill: colour, "font-size": 12 }, `● p(${word})`));
+    });
+    steps.forEach((s, i) => chart.append(svg("text", { x: x(i), y: bottom + 18, "font-size": 10, "text-anchor": "middle" },
+      `L${s.layer} ${t("why.sub." + s.sublayer)}`)));
+    const table = el("table", { class: "heat", data: { probe: "why.lens" } },
+      el("thead", {}, el("tr", {}, el("th", {}), steps.map((s) => el("th", { text: `L${s.layer} ${t("why.sub." + s.sublayer)}` })))),
+      el("tbody", {}, series.map(([key, , word]) => el("tr", {}, el("th", { text: `p(${word})` }),
+        steps.map((s) => el("td", { class: "num" }, fmt(s[key], 4)))))));
+    const reading = r.model.config.norm_placement === "pre" ? t("why.reading.pre") : t("why.reading.post");
+    return el("div", { class: "panel", id: "why-lens" }, el("h3", {}, t("why.lens.heading", { i: lens.row, seen: lens.sees.join(" ") })),
+      el("p", { class: "note" }, reading), chart, table);
+  }
+
+  function render(L) {
+    const { el, t } = L;
+    const root = document.getElementById("view-why");
+    if (!root) return;
+    root.replaceChildren(el("h2", {}, t("why.heading")), el("p", { class: "intro" }, t("why.intro")));
+    if (L.embed) { root.append(el("p", { class: "note" }, t("why.offline"))); return; }
+    if (W.source === null) { root.append(el("p", { class: "note" }, t("loading"))); return; }
+    root.append(controls(L));
+    const r = W.result;
+    if (!r) { root.append(el("p", { class: "note" }, t("loading"))); return; }
+    root.append(el("p", { class: "badge " + (r.model.trained ? "trained" : "untrained") }, el("strong", {},
+      `${t("sentence.model")}: ${r.model.trained ? t("trained") : t("untrained")}`), " — ", r.model.label[L.lang()]));
+    root.append(el("p", { class: "note", id: "why-method-note" }, t("why.note." + r.method, { n: r.details.steps })));
+    root.append(el("div", { class: "panel" }, el("h3", {}, t("why.map.heading")), el("p", { class: "note" }, t("why.map.note")),
+      el("div", { style: "overflow-x:auto" }, attributionMap(L, r))));
+    root.append(contrastBox(L, r), lensCurve(L, r));
+  }
+
+  views.why = { show, render: (L) => { if (W.source !== null || L.embed) render(L); } };
+})();

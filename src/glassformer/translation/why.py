@@ -1,0 +1,245 @@
+"""Why *him*, for one sentence: attribution rows by target word and the logit lens, as JSON and as text.
+
+`glassformer attribute SENTENCE [--target TEXT] [--method M] [--contrast WORD] [--steps N] [--lens [--row R]]`.
+The target rows are teacher-forced with --target, else the model's greedy output is fed back. Sub-word
+pieces of one target word are merged into the word by summing: a word's row is the sum of its pieces'
+rows (log p(word) = Σ log p(piece)), a prefix column the sum of its pieces' columns. With a contrast
+word c the first piece of each word competes with c: f = log p(word) − log p(c at the word's first row).
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+import torch
+
+from .. import limits
+from ..errors import UsageError
+from .attribution import DEFAULT_METHOD, DEFAULT_STEPS, METHODS, attribute, baseline_name, check_steps, special_ids
+from .lens import logit_lens
+from .patching import DEFAULT_CLEAN, _source
+from .search import Greedy, generate
+from .tokenize import UNK
+
+LENS_INPUT = "gave"             # the lesson's row: its newest input is `gave`, it predicts `him`
+
+
+# ---- target words ------------------------------------------------------------------------------
+
+def _punct(piece: str) -> bool:
+    text = piece.replace("▁", "")
+    return bool(text) and all(c in string.punctuation or not c.isalnum() for c in text)
+
+
+def word_groups(pieces: list[str]) -> list[list[int]]:
+    """Indices of `pieces` grouped into words: a word starts at a ▁ piece, a special, or punctuation."""
+    groups: list[list[int]] = []
+    for k, piece in enumerate(pieces):
+        special = piece.startswith("<") and piece.endswith(">")
+        starts = (not groups or piece.startswith("▁") or special or _punct(piece)
+                  or _punct(pieces[k - 1]) or pieces[k - 1].startswith("<"))
+        if starts:
+            groups.append([k])
+        else:
+            groups[-1].append(k)
+    return groups
+
+
+def contrast_id(target, word: str | None) -> int | None:
+    """The target id of a contrast word; one that is not a single token of the vocabulary is a UsageError."""
+    if word is None:
+        return None
+    if not isinstance(word, str) or not word.strip() or len(word.strip().split()) != 1:
+        raise UsageError("contrast: expected one English word", "contrast")
+    pieces = target.tokens(word.strip())
+    ids = [target.token_to_id(p) for p in pieces]
+    if len(ids) != 1 or ids[0] is None or ids[0] == UNK:
+        shown = " ".join(pieces) or "nothing"
+        raise UsageError(f"contrast: {word.strip()!r} is not one token of the target vocabulary (it is {shown})",
+                         "contrast")
+    return ids[0]
+
+
+# ---- one sentence ------------------------------------------------------------------------------
+
+def sentence_rows(model, source, target, sentence: str, target_text: str | None) -> dict[str, Any]:
+    """Source units/ids, the right-shifted target inputs and the label each row predicts."""
+    sp = special_ids(model)
+    units, ids = _source(source, sentence, "sentence")
+    limit = model.cfg.max_len
+    limits.check("sentence: units", len(ids), "MAX_SENTENCE_TOKENS", "sentence")
+    if len(ids) > limit:
+        raise UsageError(f"sentence: {len(ids)} units; the model takes at most {limit}", "sentence")
+    device = next(model.parameters()).device
+    src = torch.tensor([ids], device=device)                                # (1, src)
+    if target_text is None:
+        hyp = generate(model, src, Greedy())[0][0]                           # as `glassformer translate`
+        out, finished = hyp.tokens, hyp.finished
+        mode = "greedy"
+    else:
+        if not isinstance(target_text, str) or not target_text.strip():
+            raise UsageError("target: expected a non-empty English sentence", "target")
+        limits.check("target: characters", len(target_text), "MAX_TARGET_CHARS", "target")
+        out, finished, mode = target.encode(target_text), True, "teacher-forced"
+        limits.check("target: tokens", len(out), "MAX_SENTENCE_TOKENS", "target")
+    if finished and len(out) + 1 > limit:
+        raise UsageError(f"target: {len(out)} tokens; the model takes at most {limit - 1}", "target")
+    inputs = [sp.bos, *out][:limit]
+    labels = [*out, sp.eos] if finished else out[: len(inputs)]
+    return {"units": units, "src": src, "tgt_in": torch.tensor([inputs], device=device), "labels": labels, "mode": mode,
+            "translation": target.decode(out), "finished": finished}
+
+
+def _piece(target, sp, token_id: int) -> str:
+    named = {sp.bos: "<s>", sp.eos: "</s>", sp.pad: "<pad>"}
+    return named.get(token_id) or target.id_to_token(token_id) or "?"
+
+
+def _readable(piece: str) -> str:
+    """A piece without its word-start mark ('▁gave' → 'gave'); specials stay as they are."""
+    return piece.replace("▁", "") or piece
+
+
+def _word(target, pieces: list[str], ids: list[int]) -> str:
+    if len(pieces) == 1 and pieces[0].startswith("<"):
+        return pieces[0]
+    return target.decode(ids).strip() or "".join(pieces).replace("▁", "") or "?"
+
+
+def lens_row(words: list[dict], row: int | None, n_rows: int) -> tuple[int, str]:
+    """The row the lens reads: `row`, else the row whose newest input is `gave`, else row 0."""
+    if row is not None:
+        if not isinstance(row, int) or isinstance(row, bool) or not 0 <= row < n_rows:
+            raise UsageError(f"row: {row} is outside the target rows 0..{n_rows - 1}", "row")
+        return row, "chosen"
+    for w in words:
+        if w["token"].lower() == LENS_INPUT and w["last"] + 1 < n_rows:
+            return w["last"] + 1, f"the row whose newest input is '{LENS_INPUT}'"
+    return 0, f"no '{LENS_INPUT}' in the target: row 0"
+
+
+def why(model, source, target, sentence: str = DEFAULT_CLEAN, target_text: str | None = None,
+        method: str = DEFAULT_METHOD, contrast: str | None = None, steps: int = DEFAULT_STEPS,
+        row: int | None = None, lens: bool = True) -> dict[str, Any]:
+    """Attribution rows by word (the issue's JSON keys method / contrast / rows) plus what a view needs."""
+    if method not in METHODS:
+        raise UsageError(f"method: expected one of {', '.join(METHODS)}, got {method!r}", "method")
+    c = contrast_id(target, contrast)
+    if method == "integrated-gradients":
+        check_steps(steps)
+    model.eval()
+    s = sentence_rows(model, source, target, sentence, target_text)
+    labels, tgt_in = s["labels"], s["tgt_in"]
+    n = len(labels)
+    limits.check("rows × integrated-gradients steps", n * (steps if method == "integrated-gradients" else 1),
+                 "MAX_ATTRIBUTION_PASSES", "steps")
+    sp = special_ids(model)
+    pieces = [_piece(target, sp, t) for t in labels]
+    groups = word_groups(pieces)
+    firsts = {g[0] for g in groups}
+    contrasts = None if c is None else [c if r in firsts else -1 for r in range(n)]
+    a = attribute(model, s["src"], tgt_in, list(range(n)), labels, method, contrasts, steps)
+    columns = [[0], *[[p + 1 for p in g] for g in groups]]                 # input positions: <s>, then words
+    names = ["<s>", *(_word(target, [pieces[k] for k in g], [labels[k] for k in g]) for g in groups)]
+    rows, words = [], []
+    for g in groups:
+        token = _word(target, [pieces[k] for k in g], [labels[k] for k in g])
+        words.append({"token": token, "last": g[-1]})
+        src_scores = a.source[g].sum(0)                                     # (src,)
+        pre = a.prefix[g].sum(0)                                            # (tgt,)
+        prefix = [[name, float(pre[[p for p in col if p < tgt_in.size(1)]].sum())]
+                  for name, col in zip(names, columns, strict=True) if col[0] <= g[-1]]
+        source_list = [[u, float(v)] for u, v in zip(s["units"], src_scores.tolist(), strict=True)]
+        total = sum(v for _, v in source_list) + sum(v for _, v in prefix)
+        delta = float((a.value[g] - a.baseline[g]).sum()) if a.baseline is not None else None
+        rows.append({"position": g[0], "token": token, "source": source_list, "prefix": prefix, "sum": total,
+                     "delta": delta})
+    result: dict[str, Any] = {"method": method, "contrast": contrast.strip() if contrast else None, "rows": rows}
+    extra = {"units": s["units"], "translation": s["translation"], "mode": s["mode"], "finished": s["finished"],
+             "inputs": [_readable(_piece(target, sp, t)) for t in tgt_in[0].tolist()],
+             "pieces": [_readable(p) for p in pieces],
+             "steps": steps if method == "integrated-gradients" else None,
+             "baseline": baseline_name(model) if method == "integrated-gradients" else None}
+    if lens:
+        r, why_row = lens_row(words, row, n)
+        reading = logit_lens(model, s["src"], tgt_in, r, labels[r], c)
+        extra["lens"] = {**reading, "token": _readable(pieces[r]), "contrast": result["contrast"], "why": why_row,
+                         "sees": extra["inputs"][: r + 1]}
+    return {**result, "details": extra}
+
+
+# ---- text --------------------------------------------------------------------------------------
+
+def _scores(pairs: list[list]) -> str:
+    return "  ".join(f"{name} {value:+.3f}" for name, value in pairs)
+
+
+def render(result: dict[str, Any]) -> str:
+    """The rows as text: per target word its source scores, its prefix scores, Σ and (IG) Δ."""
+    d = result["details"]
+    quantity = "log p(word)" + (f" − log p({result['contrast']})" if result["contrast"] else "")
+    how = result["method"] + (f", {d['steps']} steps from the {d['baseline']} baseline" if d["steps"] else "")
+    lines = [f"source units: {' ／ '.join(d['units'])}", f"target ({d['mode']}): {d['translation']}",
+             f"method: {how}; quantity: {quantity}" if result["method"] != "attention" else
+             "method: attention (cross- and self-attention weights, mean over decoder layers and heads)"]
+    for row in result["rows"]:
+        top = max(row["source"], key=lambda pair: abs(pair[1]))
+        delta = f"   Δ {row['delta']:+.4f}" if row["delta"] is not None else ""
+        lines += ["", f"row {row['position']} → {row['token']}   Σ {row['sum']:+.4f}{delta}   "
+                      f"largest source: {top[0]} {top[1]:+.3f}",
+                  f"  source: {_scores(row['source'])}", f"  prefix: {_scores(row['prefix'])}"]
+    return "\n".join(lines)
+
+
+def render_lens(result: dict[str, Any]) -> str:
+    lens = result["details"]["lens"]
+    other = f"   p({lens['contrast']})" if lens["contrast"] else ""
+    lines = [f"logit lens at row {lens['row']} ({lens['why']}; sees {' '.join(lens['sees'])}), "
+             f"token {lens['token']}", f"reading: {lens['reading']}", f"            p({lens['token']}){other}"]
+    for step in lens["steps"]:
+        c = f"   {step['p_contrast']:.6f}" if step["p_contrast"] is not None else ""
+        lines.append(f"  L{step['layer']} {step['name']:<16} {step['p']:.6f}{c}")
+    c = f", p({lens['contrast']}) = {lens['p_contrast_model']:.6f}" if lens["contrast"] else ""
+    lines.append(f"the model's own: p({lens['token']}) = {lens['p_model']:.6f}{c}")
+    return "\n".join(lines)
+
+
+# ---- glassformer attribute ---------------------------------------------------------------------
+
+def add_attribute_arguments(parser) -> None:
+    from .commands import _add_model
+
+    parser.add_argument("sentence", nargs="?", default=DEFAULT_CLEAN,
+                        help=f"Chinese sentence (default {DEFAULT_CLEAN})")
+    parser.add_argument("--target", help="teacher-force this English target (default: the greedy output)")
+    parser.add_argument("--method", choices=METHODS, default=DEFAULT_METHOD,
+                        help=f"attribution method (default {DEFAULT_METHOD})")
+    parser.add_argument("--contrast", metavar="WORD", help="attribute log p(token) − log p(WORD), e.g. her")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
+                        help=f"integrated-gradients steps (default {DEFAULT_STEPS}, at most {limits.MAX_IG_STEPS})")
+    parser.add_argument("--lens", action="store_true", help="print the logit lens of one row instead")
+    parser.add_argument("--row", type=int, help="the lens row (default: the row whose newest input is 'gave')")
+    _add_model(parser)
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def attribute_command(args) -> int:
+    import json
+
+    from ..inference.threads import decoding_threads
+    from .commands import _device, _model_dir
+    from .translator import Translator
+
+    if args.row is not None and not args.lens:
+        raise UsageError("--row: only with --lens (the attribution covers every row)", "row")
+    torch.set_num_threads(decoding_threads(1))
+    translator = Translator.load(_model_dir(args), _device(args.device))
+    result = why(translator.model, translator.source, translator.target, args.sentence, args.target, args.method,
+                 args.contrast, args.steps, args.row, lens=args.lens)
+    if args.lens:
+        print(json.dumps(result["details"]["lens"], ensure_ascii=False) if args.json else render_lens(result))
+    else:
+        print(json.dumps({k: result[k] for k in ("method", "contrast", "rows")}, ensure_ascii=False)
+              if args.json else render(result))
+    return 0

@@ -1,0 +1,114 @@
+"""The lab's "Why him" view in headless Chromium, in both languages, over the seeded untrained model.
+
+Same browser set-up as tests/test_lab_browser.py (skipped locally without /usr/bin/chromium or
+Playwright, a failure under CI); the API's own checks are in the second half (no browser needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+import test_lab_browser as shared
+from glassformer.errors import UsageError
+from glassformer.lab.api import LabAPI, untrained_model
+from glassformer.lab.export import write_export
+from glassformer.lesson import examples
+
+Page = shared.Page
+browser, lab_server = shared.browser, shared.lab_server           # the same fixtures: Chromium, the lab server
+
+WORDS = ["I", "gave", "him", "a", "book", "yesterday", ".", "</s>"]
+
+
+@pytest.fixture(scope="module")
+def api() -> LabAPI:
+    return LabAPI(untrained_model())
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("locale, heading, sub", [("zh-CN", "为什么是 him", "交叉注意力"),
+                                                  ("en-US", "Why him", "cross-attn")])
+def test_why_view_draws_the_map_the_contrast_and_the_lens(browser, lab_server, api, locale, heading, sub):
+    p = Page(browser, locale)
+    try:
+        p.page.goto(lab_server.url + "#why")
+        p.wait_count("whyRuns", 1)
+        p.shot(f"why-{locale[:2]}")
+        page = p.page
+        assert heading in page.inner_text("#view-why h2")
+        rows = page.locator('[data-probe="why.map"] tbody tr')
+        assert rows.count() == len(WORDS)
+        assert [rows.nth(k).locator("th").inner_text() for k in range(len(WORDS))] == WORDS
+        units = page.locator('[data-probe="why.map"] thead th.src').all_inner_texts()
+        assert units == list(examples.NINE_UNITS)
+        him = rows.nth(2)
+        assert him.locator("td.masked").count() == len(WORDS) - 3           # sees <s> I gave, not the rest
+        # the page shows what the API computes for the same request (the default body)
+        expected = api.attribute({})
+        top = max(expected["rows"][2]["source"], key=lambda pair: abs(pair[1]))
+        assert f"{top[0]}" in page.inner_text("#why-top") and f"{top[1]:.3f}" in page.inner_text("#why-top")
+        lens = page.locator('[data-probe="why.lens"] tbody tr')
+        assert lens.count() == 2                                             # p(him) and p(her)
+        cells = lens.first.locator("td").all_inner_texts()
+        assert len(cells) == 3 * api.lab_model.model.cfg.decoder_layers
+        assert cells[-1] == f"{expected['details']['lens']['p_model']:.4f}"
+        assert sub in page.inner_text('[data-probe="why.lens"] thead')
+        assert page.locator("#why-lens-chart polyline").count() == 2
+        # saliency: a magnitude, every shown score ≥ 0
+        page.select_option("#why-method", "saliency")
+        p.wait_count("whyRuns", 2)
+        scores = [float(v) for v in page.locator('[data-probe="why.map"] td.num').all_inner_texts()]
+        assert scores and min(scores) >= 0
+        assert p.outside == [] and p.errors == []
+        # a contrast word the vocabulary lacks: one line naming the field, the 400 only
+        page.fill("#why-contrast", "zebra")
+        page.click("#why-run")
+        page.wait_for_selector("#error:not([hidden])", timeout=20000)
+        assert "contrast" in page.inner_text("#error") and "zebra" in page.inner_text("#error")
+        assert p.errors and all("400" in e for e in p.errors)
+    finally:
+        p.close()
+
+
+@pytest.mark.browser
+def test_the_exported_page_says_why_needs_the_server(browser, api, tmp_path):
+    out = tmp_path / "lab.html"
+    write_export(api, out)
+    p = Page(browser, "en-US")
+    try:
+        p.page.goto(out.as_uri() + "#why")
+        p.page.wait_for_selector("#view-why p.note", timeout=20000)
+        assert "local server" in p.page.inner_text("#view-why") and p.errors == []
+    finally:
+        p.close()
+
+
+# ---- POST /api/attribute without a browser ----------------------------------------------------
+
+def test_the_default_request_is_the_lesson_sentence_him_vs_her(api):
+    out = api.attribute({})
+    assert out["method"] == "integrated-gradients" and out["contrast"] == "her"
+    assert [r["token"] for r in out["rows"]] == WORDS
+    assert out["details"]["lens"]["row"] == 2 and out["details"]["baseline"] == "position-only"
+    assert out["model"]["trained"] is False
+    for row in out["rows"]:                                               # completeness at the default steps
+        assert abs(row["sum"] - row["delta"]) <= 0.05 * abs(row["delta"]) + 1e-3
+
+
+@pytest.mark.parametrize("body, status, field, words", [
+    ({"steps": 257}, 413, "steps", "MAX_IG_STEPS"),
+    ({"steps": 0}, 400, "steps", "greater than or equal"),
+    ({"contrast": "zebra"}, 400, "contrast", "not one token"),
+    ({"row": 99}, 400, "row", "outside the target rows"),
+    ({"method": "shap"}, 400, "method", "expected"),
+    ({"source": "我／龘"}, 400, "source", "unknown unit"),
+    ({"source": "我" * 401}, 413, "source", "MAX_SOURCE_CHARS"),
+    ({"target": "a " * 500}, 413, "target", "MAX_TARGET_CHARS"),
+    ({"steps": "64"}, 400, "steps", "integer"),
+    ({"lens": True}, 400, "lens", "unknown key"),
+])
+def test_bad_bodies_are_4xx_json_naming_the_field(api, body, status, field, words):
+    with pytest.raises(UsageError) as caught:
+        api.attribute(body)
+    error = caught.value
+    assert error.status == status and error.field == field and words in str(error)
+    assert str(error).count("\n") == 0
