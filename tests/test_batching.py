@@ -106,3 +106,11 @@ def test_loss_ignores_pad_rows():
     one, _ = model.loss(b.src[:1, :3], b.tgt_in[:1, :3], b.labels[:1, :3], label_smoothing=0.1)
     two, _ = model.loss(b.src[1:, :2], b.tgt_in[1:], b.labels[1:], label_smoothing=0.1)
     assert (one + two).item() == pytest.approx(loss.item(), rel=1e-5)
+
+
+def test_collate_pads_with_the_given_id_and_keeps_an_empty_source():
+    ex = [Example([], [20]), Example([13, 14], [22, 23])]
+    b = collate(ex, [1, 0], pad_id=7)
+    assert b.src.tolist() == [[13, 14], [7, 7]] and b.src.dtype == torch.long
+    assert b.tgt_in.tolist() == [[BOS, 22, 23], [BOS, 20, 7]]
+    assert b.labels.tolist() == [[22, 23, EOS], [20, EOS, 7]] and b.index == [1, 0]

@@ -27,6 +27,7 @@ def trainable(model) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+@pytest.mark.slow
 def test_parameter_counts_match():
     pytest.importorskip("transformers")
     ours, marian = trainable(Glassformer.build(SPEC)), trainable(Marian.build(SPEC))
@@ -56,6 +57,7 @@ def test_identical_padded_batches_lengths_4_to_14():
                            batch.labels[:, :-1][inner & (batch.labels[:, :-1] != EOS)])
 
 
+@pytest.mark.slow
 def test_every_system_counts_the_same_target_tokens():
     pytest.importorskip("transformers")
     batch = training_batches(1)[0]
@@ -81,6 +83,7 @@ def test_corpus_batchings_hold_each_pair_once():
     assert padded[1] < 0.8 * padded[0]                                   # buckets waste less on PAD
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["glassformer", "torch"])
 def test_greedy_tokens_are_the_argmax_of_a_full_recomputation(name):
     system = make_system(name, TINY, seed=1)
@@ -95,6 +98,7 @@ def test_greedy_tokens_are_the_argmax_of_a_full_recomputation(name):
     assert torch.equal(logits.argmax(-1), out)
 
 
+@pytest.mark.slow
 def test_beam_loop_of_width_one_is_greedy():
     system = make_system("torch", TINY, seed=2)
     src = torch.randint(4, TINY.vocab, (2, 5))
@@ -151,6 +155,7 @@ def test_gpu_script_refuses_without_cuda(capsys):
     assert "CUDA" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_gpu_flops_count_is_six_per_weight_per_token_plus_attention():
     from benchmarks.gpu import device_peak, training_flops
 

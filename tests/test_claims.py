@@ -189,6 +189,7 @@ def test_switched_off_head_ignored_is_caught(monkeypatch):
         assert not run_check(claim_id).passed, claim_id
 
 
+@pytest.mark.slow
 def test_lesson_package_does_not_import_translation():
     code = ("import sys, glassformer.lesson.claims, glassformer.lesson.commands; "
             "sys.exit(1 if any(m.startswith('glassformer.translation') for m in sys.modules) else 0)")

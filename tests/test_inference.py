@@ -64,6 +64,7 @@ def argmax_walk(decoder, src, steps, eos=EOS):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("positions", POSITIONS)
 @pytest.mark.parametrize("norm", ["post", "pre"])
 @pytest.mark.parametrize("onednn", [False, ONEDNN])

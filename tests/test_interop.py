@@ -12,6 +12,7 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow   # builds and trains a small Marian model in the test
 spm = pytest.importorskip("sentencepiece")
 
 from glassformer.cli import main  # noqa: E402

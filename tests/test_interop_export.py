@@ -12,6 +12,7 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow   # trains a small run in the test
 
 from tokenizers import Tokenizer  # noqa: E402
 from torch.nn.utils.rnn import pad_sequence  # noqa: E402

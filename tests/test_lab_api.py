@@ -430,6 +430,7 @@ def test_trace_over_http_matches_the_float64_reference(server):
     assert max_difference(payload, run_reference(spec)) < 1e-12
 
 
+@pytest.mark.slow
 def test_concurrent_trace_and_sentence_requests(server, api):
     """≥ 200 requests from 8 threads, trace and sentence mixed: no error, identical answers, p95 printed."""
     spec = examples.block_spec()
@@ -493,6 +494,7 @@ def test_lab_command_rejects_bad_arguments_with_exit_2(capsys, tmp_path):
     assert err.count("\n") == 1 and "does not exist" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_lab_command_serves_on_loopback(tmp_path):
     """The real command: binds 127.0.0.1 on a free port, prints its URL, answers, stops on SIGINT."""
     import signal
@@ -515,6 +517,7 @@ def test_lab_command_serves_on_loopback(tmp_path):
         assert proc.wait(timeout=30) == 0
 
 
+@pytest.mark.slow
 def test_lab_command_exports_a_file(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(claims, "run_all", fast_claims)      # the full claims table is `verify`'s test
     out = tmp_path / "lab.html"

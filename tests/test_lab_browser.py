@@ -21,6 +21,7 @@ from glassformer.lesson import claims, examples
 from glassformer.lesson.reference import run_reference
 
 pytestmark = pytest.mark.browser
+pytestmark = [pytestmark, pytest.mark.slow]   # every browser test starts Chromium
 
 CHROMIUM = Path("/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parent.parent

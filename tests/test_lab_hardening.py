@@ -178,6 +178,7 @@ def test_info_answers_while_verify_computes():
         srv.server_close()
 
 
+@pytest.mark.slow
 def test_load_sixteen_threads_mixed_requests_identical_answers(server, api):
     spec = examples.block_spec()
     want_trace = json.loads(json.dumps(run_spec(spec)))
@@ -213,6 +214,7 @@ def _rss_mb() -> float:
         return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
 def test_memory_after_a_burst_of_hostile_requests(server):
     before = _rss_mb()
@@ -254,6 +256,7 @@ def _start_lab(tmp_path, *extra):
     return proc, (match.group(1), int(match.group(2)))
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_server_within_2_s_with_slow_clients(tmp_path):
     proc, address = _start_lab(tmp_path)
     socks = []
@@ -280,6 +283,7 @@ def test_ctrl_c_stops_the_server_within_2_s_with_slow_clients(tmp_path):
             proc.wait()
 
 
+@pytest.mark.slow
 def test_binding_elsewhere_warns(tmp_path):
     run = subprocess.run([sys.executable, "-m", "glassformer.cli", "lab", "--host", "0.0.0.0", "--port", "0",
                           "--no-browser"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
@@ -310,6 +314,7 @@ KEYS = st.sampled_from(["source", "target", "positions", "top_k", "x"])
 SENTENCE = st.dictionaries(KEYS, JSON | st.text(max_size=30), max_size=4)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=JSON | SENTENCE)
 def test_generated_sentence_bodies_are_answered_or_refused_in_one_line(api, body):
@@ -319,6 +324,7 @@ def test_generated_sentence_bodies_are_answered_or_refused_in_one_line(api, body
         assert 400 <= error.status < 500 and "\n" not in str(error) and error.field
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(body=JSON | st.fixed_dictionaries({"version": st.just(1),
                                           "kind": st.sampled_from(["attention", "encoder_block"])},

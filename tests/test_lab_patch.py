@@ -13,6 +13,7 @@ def api() -> LabAPI:
     return LabAPI(untrained_model())
 
 
+@pytest.mark.slow
 def test_default_patch_is_the_lesson_sentence(api):
     out = api.patch({})
     cfg = out["model"]["config"]

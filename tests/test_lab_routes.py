@@ -158,8 +158,8 @@ def test_the_lab_without_model_uses_glassformer_model(tmp_path, monkeypatch):
     save_weights(Transformer(cfg), run / MODEL)
     monkeypatch.setenv("GLASSFORMER_MODEL", str(run))
     lab = LabAPI().lab_model
-    assert lab.trained and lab.origin == str(run) and lab.model.cfg.encoder_layers == 1
-    assert load_model(None).origin == str(run)
+    assert lab.trained and lab.origin.startswith(f"{run}: ") and lab.model.cfg.encoder_layers == 1
+    assert load_model(None).origin == lab.origin
 
 
 # ---- the lesson's sentence, defined once ------------------------------------------------------------

@@ -25,6 +25,7 @@ def api() -> LabAPI:
 
 
 @pytest.mark.browser
+@pytest.mark.slow
 @pytest.mark.parametrize("locale, heading, sub", [("zh-CN", "为什么是 him", "交叉注意力"),
                                                   ("en-US", "Why him", "cross-attn")])
 def test_why_view_draws_the_map_the_contrast_and_the_lens(browser, lab_server, api, locale, heading, sub):
@@ -70,6 +71,7 @@ def test_why_view_draws_the_map_the_contrast_and_the_lens(browser, lab_server, a
 
 
 @pytest.mark.browser
+@pytest.mark.slow
 def test_the_exported_page_says_why_needs_the_server(browser, api, tmp_path):
     out = tmp_path / "lab.html"
     write_export(api, out)

@@ -21,6 +21,7 @@ def glassformer(*args: str, stdin: str | None = None) -> subprocess.CompletedPro
                           text=True, cwd=ROOT, timeout=120)
 
 
+@pytest.mark.slow
 def test_trace_prints_the_blocks_first_row():
     run = glassformer("trace", "tests/data/block.json")
     assert run.returncode == 0, run.stderr
@@ -29,6 +30,7 @@ def test_trace_prints_the_blocks_first_row():
     assert [round(v, 6) for v in out["self_attention"]["heads"][0]["output"][0]] == [0.401112, 0.796664]
 
 
+@pytest.mark.slow
 def test_bad_spec_exits_2_with_one_line_and_no_traceback(tmp_path):
     bad = block_spec()
     bad["self_attention"]["heads"][1]["w_k"] = [[0.0] * 3] * 4
@@ -41,6 +43,7 @@ def test_bad_spec_exits_2_with_one_line_and_no_traceback(tmp_path):
     assert "self_attention.heads[1].w_k: expected 4×2 (d×d_k), got 4×3" in lines[0]
 
 
+@pytest.mark.slow
 def test_trace_reads_stdin_and_writes_a_file(tmp_path, capsys):
     out = tmp_path / "trace.json"
     run = glassformer("trace", "-", "--output", str(out), "--indent", "2",
@@ -96,6 +99,7 @@ def test_negative_indent_exits_2(capsys):
     assert "--indent" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_verify_exits_0_and_lists_every_id():
     run = glassformer("verify")
     assert run.returncode == 0, run.stdout + run.stderr

@@ -164,6 +164,7 @@ JUNK = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st
 FIELDS = st.sampled_from([f for f in ModelConfig.tiny().to_dict()])
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(changes=st.dictionaries(FIELDS | st.text(max_size=8), JUNK, max_size=3))
 def test_generated_configs_are_valid_or_one_line(changes):

@@ -159,6 +159,7 @@ def _text(nb) -> str:
     return "\n".join(out)
 
 
+@pytest.mark.slow
 def test_every_notebook_runs_to_the_end_in_both_languages(executed):
     notebooks, seconds = executed
     assert set(notebooks) == set(_committed())
@@ -170,6 +171,7 @@ def test_every_notebook_runs_to_the_end_in_both_languages(executed):
         assert figures >= 1, f"{path}: no figure drawn"
 
 
+@pytest.mark.slow
 def test_the_notebooks_show_the_lessons_numbers(executed):
     notebooks, _ = executed
     for lang in LANGS:
@@ -200,6 +202,7 @@ def test_the_notebooks_show_the_lessons_numbers(executed):
         assert decoding.count("True") >= 2 and "False" not in decoding
 
 
+@pytest.mark.slow
 def test_the_attribution_chapter_checks_itself(executed):
     notebooks, _ = executed
     for lang in LANGS:
@@ -217,6 +220,7 @@ def test_the_attribution_chapter_checks_itself(executed):
         assert pictures >= 2                                           # the cache and the beams
 
 
+@pytest.mark.slow
 def test_a_cell_that_raises_fails_the_run(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1"),
                                          nbformat.v4.new_code_cell("raise ValueError('broken cell')")])

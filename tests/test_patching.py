@@ -31,6 +31,7 @@ def _scan(model, corrupt, **kw):
     return patch_scan(model, torch.tensor([CLEAN]), torch.tensor([corrupt]), torch.tensor([TGT_IN]), ROW, HIM, **kw)
 
 
+@pytest.mark.slow
 def test_probabilities_are_the_models_own(model):
     scan = _scan(model, SHE)
     with torch.no_grad():
@@ -40,6 +41,7 @@ def test_probabilities_are_the_models_own(model):
     assert abs(scan["p_clean"] - scan["p_corrupt"]) > 1e-4       # the corruption moves p(him)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("corrupt", [SHE, SWAP])
 def test_everything_patched_restores_exactly_nothing_patched_restores_nothing(model, corrupt):
     scan = _scan(model, corrupt)
@@ -50,6 +52,7 @@ def test_everything_patched_restores_exactly_nothing_patched_restores_nothing(mo
         assert abs(layer.fraction - 1.0) < 1e-9
 
 
+@pytest.mark.slow
 def test_at_the_embedding_only_the_differing_position_matters(model):
     scan = _scan(model, SHE)
     embedding = [p.fraction for p in scan["positions"][0]]
@@ -59,6 +62,7 @@ def test_at_the_embedding_only_the_differing_position_matters(model):
     assert any(abs(p.fraction) > 1e-6 for j, p in enumerate(scan["positions"][-1]) if j != 4)
 
 
+@pytest.mark.slow
 def test_one_head_restores_part_and_heads_differ(model):
     scan = _scan(model, SHE)
     fractions = [p.fraction for layer in scan["heads"] for p in layer]

@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from glassformer.errors import UsageError
+from glassformer.translation.batching import collate
 from glassformer.translation.checkpoint import load_translator_parts, read_json
 from glassformer.translation.commands import add_train_arguments
-from glassformer.translation.train import noam_lr, train
+from glassformer.translation.train import Trainer, noam_lr, noam_schedule, train
 
 TINY = ["--preset", "tiny", "--limit", "48", "--max-tokens", "128", "--no-eval", "--quiet", "--log-every", "1",
         "--threads", "1"]
@@ -49,6 +50,31 @@ def test_noam_schedule_rises_then_decays():
     assert max(range(1, 1000), key=lambda s: noam_lr(s, d, factor, warmup)) == warmup
 
 
+def _paper(step: int, d: int, factor: float, warmup: int) -> float:
+    return factor * d ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+
+def test_the_noam_lambda_schedule_gives_the_paper_learning_rate_at_every_step():
+    d, warmup, factor = 64, 100, 2.0
+    weight = torch.nn.Parameter(torch.zeros(3))
+    optimizer = torch.optim.Adam([weight], lr=1.0)
+    schedule = noam_schedule(optimizer, d, factor, warmup)
+    for step in range(1, 401):                                       # the lr optimizer step `step` runs at
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(_paper(step, d, factor, warmup), rel=1e-12), step
+        weight.grad = torch.ones(3)
+        optimizer.step()
+        schedule.step()
+    resumed = torch.optim.Adam([torch.nn.Parameter(torch.zeros(3))], lr=1.0)
+    noam_schedule(resumed, d, factor, warmup, done=250)             # 250 steps behind: the next is step 251
+    assert resumed.param_groups[0]["lr"] == pytest.approx(_paper(251, d, factor, warmup), rel=1e-12)
+
+
+def _lrs(out: Path) -> dict[int, float]:
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["lr"] for r in lines if r["kind"] == "step"}
+
+
+@pytest.mark.slow
 def test_resume_continues_the_same_loss_trajectory(tmp_path):
     straight, split = tmp_path / "straight", tmp_path / "split"
     common = ("--epochs", "4", "--dropout", "0.1", "--seed", "3")
@@ -61,11 +87,14 @@ def test_resume_continues_the_same_loss_trajectory(tmp_path):
     for step in range(8, 13):
         assert b[step] == pytest.approx(a[step], abs=1e-6), step
     assert len({round(a[s], 6) for s in a}) > 6                                   # the loss really moves
+    for step, lr in _lrs(split).items():                    # the tiny preset: d 32, factor 1.0, warm-up 50
+        assert lr == pytest.approx(_paper(step, 32, 1.0, 50), rel=1e-12), step
     assert read_json(split / "state.json")["position"] == read_json(straight / "state.json")["position"]
     with pytest.raises(UsageError, match="--resume"):                            # never silently restart
         train(_args(straight, *common))
 
 
+@pytest.mark.slow
 def test_hsk_finish_epochs_train_on_the_hsk_examples_only(tmp_path):
     """--hsk-finish 1: the last epoch's steps cover exactly the HSK examples once, no Tatoeba pair."""
     from glassformer.translation.train import Trainer
@@ -83,6 +112,7 @@ def test_hsk_finish_epochs_train_on_the_hsk_examples_only(tmp_path):
     assert tokens[2] == sum(len(e.tgt) + 1 for e in hsk)
 
 
+@pytest.mark.slow
 def test_the_run_ends_with_the_average_of_its_last_epochs_in_best(tmp_path):
     """--average 2: best/ holds the element-wise mean of the last two epoch checkpoints, with or without a
     dev score (a single noisy dev number does not veto the average)."""
@@ -103,6 +133,33 @@ def test_the_run_ends_with_the_average_of_its_last_epochs_in_best(tmp_path):
     assert moved > 0                                                    # the two epochs really differ
     latest = load_file(out / "model.safetensors")                       # training weights stay the last epoch's
     assert all(torch.equal(latest[k], b[k]) for k in b)
+
+
+@pytest.mark.slow
+def test_bfloat16_training_keeps_fp32_weights_and_adam_state_and_a_close_loss(tmp_path):
+    """--dtype bfloat16: autocast around forward and loss only. After 8 steps the weights and Adam's moments
+    are float32, the loss is within 0.2% of the float32 run's (measured here: at most 0.02%), the checkpoint loads
+    as float32, and the run's settings keep the precision."""
+    common = ("--epochs", "2", "--max-steps", "8", "--seed", "3")
+    full = Trainer(_args(tmp_path / "fp32", *common))
+    half = Trainer(_args(tmp_path / "bf16", *common, "--dtype", "bfloat16"))
+    assert full.run() == 0 and half.run() == 0
+    assert all(p.dtype == torch.float32 for p in half.model.parameters())
+    moments = [v for state in half.optimizer.state.values() for k, v in state.items() if k in ("exp_avg", "exp_avg_sq")]
+    assert moments and all(v.dtype == torch.float32 for v in moments)
+    a, b = _losses(tmp_path / "fp32"), _losses(tmp_path / "bf16")
+    assert sorted(a) == sorted(b) == list(range(1, 9))
+    assert a[1] != b[1]                                                 # bfloat16 really ran
+    for step in a:
+        assert abs(b[step] - a[step]) < 0.002 * a[step], (step, a[step], b[step])
+    with half.precision():
+        hidden = half.model.logits(torch.randn(3, half.cfg.d_model))
+        batch = collate(half.examples, [0, 1])
+        loss = half.loss_module(batch.src, batch.tgt_in, batch.labels)
+    assert hidden.dtype == torch.bfloat16 and loss.dtype == torch.float32   # matmuls in bf16, the loss in fp32
+    model, *_ = load_translator_parts(tmp_path / "bf16")
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert read_json(tmp_path / "bf16" / "config.json")["train"]["dtype"] == "bfloat16"
 
 
 @pytest.mark.slow

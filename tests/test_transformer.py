@@ -262,6 +262,7 @@ def _decode_both_ways(m, src, tgt, switched_off=()):
     return forced, stepped
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("positions", POSITIONS)
 @pytest.mark.parametrize("norm", ["post", "pre"])
 @pytest.mark.parametrize("path", ["fast", "glass"])

@@ -95,6 +95,7 @@ def test_env_variable_picks_the_model(model_dir, tmp_path, capsys, monkeypatch):
     assert code == 0 and len(out.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_subprocess_exit_status_without_traceback(model_dir):
     src = str(Path(__file__).resolve().parents[1] / "src")
     env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
@@ -143,6 +144,7 @@ def test_explain_shows_the_gave_row(model_dir, capsys, monkeypatch):
     assert code == 0 and "row 0: sees <s>" in text
 
 
+@pytest.mark.slow
 def test_evaluate_prints_bleu_and_chrf_with_signatures(model_dir, capsys, monkeypatch):
     code, out, _ = _run(capsys, monkeypatch, ["evaluate", "--model", str(model_dir), "--split", "dev",
                                               "--input", "gold", "--json"])
@@ -226,6 +228,7 @@ def _known_units(model_dir, n):
     return units[:n]
 
 
+@pytest.mark.slow
 def test_patch_json_has_a_heads_by_layers_table(model_dir, capsys, monkeypatch):
     a, b, c = _known_units(model_dir, 3)
     code, out, err = _run(capsys, monkeypatch, ["patch", f"{a}／{b}／{c}", "--corrupt", f"{a}／{c}／{c}",

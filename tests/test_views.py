@@ -57,6 +57,7 @@ def test_walk_inputs_of_an_output_cut_at_the_models_limit_fit_the_model():
     assert walk_inputs([5] * 3, bos=1, max_len=8, finished=False) == [1, 5, 5, 5]     # cut earlier: all kept
 
 
+@pytest.mark.slow
 def test_the_labs_sentence_view_reads_a_greedy_output_cut_at_the_models_limit(monkeypatch):
     import glassformer.lab.api as api_module
     from glassformer.lab.api import LabAPI, untrained_model

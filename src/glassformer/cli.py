@@ -1,7 +1,8 @@
 """The `glassformer` command: thin — it parses arguments and calls the wing that does the work.
 
-Each sub-command lives in its wing as a pair `add_arguments(parser)` / `run(args) -> int`,
-imported only when that sub-command runs (so `glassformer trace` never loads the translator).
+Each sub-command lives in its wing as a pair `add_<name>_arguments(parser)` / `<name>_command(args) -> int`.
+Only the module of the sub-command named on the command line is imported, to build its arguments and run
+it (so `glassformer trace` never loads the translator; `glassformer --help` loads none).
 """
 
 from __future__ import annotations
@@ -39,11 +40,15 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with `only`, the arguments of that one sub-command alone (the others are listed by
+    name and help, their modules left unimported)."""
     parser = OneLineParser(prog="glassformer", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
+        if only is not None and name != only:
+            continue
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError:
@@ -57,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(only=argv[0] if argv and argv[0] in COMMANDS else "")
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 
 from .tokenize import BOS, EOS, PAD
 
@@ -56,15 +57,14 @@ def padded_size(examples: Sequence[Example], index: Sequence[int]) -> int:
 def collate(examples: Sequence[Example], index: Sequence[int], pad_id: int = PAD) -> Batch:
     """Right-pad the chosen examples: src, tgt_in = BOS + target, labels = target + EOS."""
     rows = [examples[i] for i in index]
-    n_src = max(len(e.src) for e in rows)
-    n_tgt = max(len(e.tgt) for e in rows) + 1
-    src = torch.full((len(rows), n_src), pad_id, dtype=torch.long)          # (batch, src_len)
-    tgt_in = torch.full((len(rows), n_tgt), pad_id, dtype=torch.long)       # (batch, tgt_len)
-    labels = torch.full((len(rows), n_tgt), pad_id, dtype=torch.long)       # (batch, tgt_len)
-    for r, e in enumerate(rows):
-        src[r, : len(e.src)] = torch.tensor(e.src, dtype=torch.long)
-        tgt_in[r, : len(e.tgt) + 1] = torch.tensor([BOS, *e.tgt], dtype=torch.long)
-        labels[r, : len(e.tgt) + 1] = torch.tensor([*e.tgt, EOS], dtype=torch.long)
+
+    def padded(sequences: list[list[int]]) -> Tensor:
+        return pad_sequence([torch.tensor(s, dtype=torch.long) for s in sequences], batch_first=True,
+                            padding_value=pad_id)
+
+    src = padded([e.src for e in rows])                     # (batch, src_len)
+    tgt_in = padded([[BOS, *e.tgt] for e in rows])          # (batch, tgt_len)
+    labels = padded([[*e.tgt, EOS] for e in rows])          # (batch, tgt_len)
     return Batch(src, tgt_in, labels, list(index))
 
 

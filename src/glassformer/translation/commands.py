@@ -1,6 +1,7 @@
 """The translator's sub-commands: train, translate, evaluate, explain (argument parsers and runners).
 
-Heavy modules are imported inside the runners, so building the CLI parser stays cheap.
+`train`'s flags and runner live in train_cli.py (generated from the settings schema); decoding, data and
+evaluation modules are imported inside the runners.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from pathlib import Path
 from .. import limits
 from ..errors import UsageError
 from ..paths import DEFAULT_MODEL, MODEL_ENV, default_model_dir
+from .train_cli import add_train_arguments, train_command  # noqa: F401  (the `train` sub-command)
+from .train_cli import at_least as _at_least
 
 
 def _model_dir(args) -> Path:
@@ -61,79 +64,8 @@ def _device(name: str) -> str:
     return str(pick_device(name))
 
 
-def _at_least(low: int, what: str):
-    """An argparse type: an integer >= `low`, else one line saying what was expected."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return value
-    return parse
-
-
 _positive = _at_least(1, "a positive integer")
 _non_negative = _at_least(0, "an integer >= 0")
-
-
-# ---- train ---------------------------------------------------------------------------------
-def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    from_recipe = "(default: from the preset)"
-    parser.add_argument("--preset", default="default",
-                        help="recipe: default (the demo model), large (best quality, hours), hsk (HSK only), "
-                             "anchor, tiny (tests)")
-    parser.add_argument("--out", metavar="DIR", help="run folder (default runs/PRESET)")
-    parser.add_argument("--epochs", type=_positive, help=f"epochs {from_recipe}")
-    parser.add_argument("--max-steps", type=_positive, help="stop after this many optimizer steps in total")
-    parser.add_argument("--max-tokens", type=_positive, help=f"padded tokens per batch per rank {from_recipe}")
-    parser.add_argument("--accumulate", type=_positive, help="batches per optimizer step per rank (default 1)")
-    parser.add_argument("--lr-factor", type=float, help=f"Noam schedule factor {from_recipe}")
-    parser.add_argument("--warmup", type=_positive, help=f"Noam warm-up steps {from_recipe}")
-    parser.add_argument("--label-smoothing", type=float, help=f"label smoothing {from_recipe} (0.1)")
-    parser.add_argument("--dropout", type=float, help=f"dropout {from_recipe}")
-    parser.add_argument("--d-model", type=_positive, help=f"model width d {from_recipe}")
-    parser.add_argument("--d-ff", type=_positive, help=f"FeedForward inner width {from_recipe}")
-    parser.add_argument("--heads", type=_positive, help=f"attention heads {from_recipe}")
-    parser.add_argument("--layers", type=_positive, help=f"encoder and decoder layers each {from_recipe}")
-    parser.add_argument("--norm", choices=("post", "pre"), help=f"LayerNorm placement {from_recipe}")
-    parser.add_argument("--bpe-vocab", type=_positive, help=f"target BPE vocabulary size {from_recipe}")
-    parser.add_argument("--glosses", action=argparse.BooleanOptionalAction, default=None,
-                        help=f"add the train split's word glosses as word-level pairs {from_recipe}")
-    parser.add_argument("--char-fallback", action=argparse.BooleanOptionalAction, default=None,
-                        help=f"characters as source units too: unknown words read as characters {from_recipe}")
-    parser.add_argument("--tatoeba", action=argparse.BooleanOptionalAction, default=None,
-                        help=f"add the Tatoeba training pairs {from_recipe}")
-    parser.add_argument("--hsk-repeat", type=_positive,
-                        help=f"each HSK training pair this many times per epoch {from_recipe}")
-    parser.add_argument("--source-pieces", type=_non_negative,
-                        help="0: source words from the HSK corpus; N: a SentencePiece unigram of N pieces "
-                             f"{from_recipe}")
-    parser.add_argument("--hsk-finish", type=_non_negative,
-                        help=f"the last N epochs train on the HSK examples only {from_recipe}")
-    parser.add_argument("--source-units", choices=("raw", "gold"),
-                        help=f"train on the raw-text segmentation or the corpus's {from_recipe}")
-    parser.add_argument("--average", type=_positive,
-                        help=f"average the last K epoch checkpoints at the end {from_recipe}")
-    parser.add_argument("--seed", type=int, help="random seed (default 1)")
-    parser.add_argument("--resume", action="store_true", help="continue the run in --out where it stopped")
-    parser.add_argument("--keep", type=_non_negative, help="step checkpoints to keep (default 3; 0 = none)")
-    parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu or cuda")
-    parser.add_argument("--threads", type=_positive,
-                        help="CPU threads per process (default 2, split between DDP ranks)")
-    parser.add_argument("--limit", type=_positive, help="use only the first N training pairs (tests)")
-    parser.add_argument("--log-every", type=_positive,
-                        help="steps between metrics.jsonl lines (default 10; kept on --resume)")
-    parser.add_argument("--eval", action=argparse.BooleanOptionalAction, default=None,
-                        help="the dev BLEU after each epoch (default on; --no-eval is kept on --resume)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-
-
-def train_command(args) -> int:
-    from .train import train
-
-    return train(args)
 
 
 # ---- translate -----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Training recipes (model sizes, training knobs, data sources) and the data they prepare.
+"""Training recipes (presets of the training settings) and the data they prepare.
 
 `prepare_data` builds the tokenizers from the training data only and encodes the training pairs
 (HSK train split, Tatoeba's training pairs, CC-CEDICT word glosses, as the recipe says); dev pairs
@@ -7,69 +7,40 @@ are kept for the score after each epoch.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .batching import Example
 from .tokenize import SPECIAL_TOKENS, SourceTokenizer, TargetTokenizer, Vocab, is_han
 
+if TYPE_CHECKING:
+    from .settings import TrainSettings
+
 GLOSS_MAX_TOKENS = 10   # longer dictionary glosses are definitions, not translations: left out
 
 
-@dataclass
-class Recipe:
-    """Everything that decides a training run besides the seed: model sizes, data and training knobs."""
-
-    model: dict[str, Any]
-    epochs: int = 40
-    max_tokens: int = 4096          # padded tokens per batch (per rank)
-    lr_factor: float = 1.0          # Noam: factor * d^-0.5 * min(step^-0.5, step * warmup^-1.5)
-    warmup: int = 400
-    label_smoothing: float = 0.1
-    bpe_vocab: int = 2000           # target BPE vocabulary size
-    glosses: bool = True            # CC-CEDICT glosses of every source word and character as word-level pairs
-    source_units: str = "raw"       # train HSK on the raw-text segmentation ("raw") or the corpus's ("gold")
-    average: int = 1                # average the last K epoch checkpoints at the end (1 = off)
-    char_fallback: bool = False     # characters join the source vocabulary; HSK sentences also train char-split
-    tatoeba: bool = False           # add the Tatoeba training pairs (held-out slice and evaluation sentences out)
-    hsk_repeat: int = 1             # each HSK training pair appears this many times per epoch
-    source_pieces: int = 0          # 0: source words from the HSK corpus; N: a SentencePiece unigram of N pieces
-    hsk_finish: int = 0             # the last N epochs train on the HSK examples only (finishing in-domain)
-    note: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-RECIPES: dict[str, Recipe] = {
-    "tiny": Recipe(
-        model=dict(d_model=32, heads=4, d_ff=64, encoder_layers=2, decoder_layers=2, dropout=0.0, max_len=64),
-        epochs=1, max_tokens=512, lr_factor=1.0, warmup=50, bpe_vocab=300, glosses=False,
+# Each preset is a partial value of settings.TrainSettings: what it changes of the schema defaults (a plain
+# run on the HSK pairs: d 128, 2+2 layers, no glosses, no Tatoeba). The "note" is printed when a run starts.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(
+        model=dict(d_model=32, d_ff=64, dropout=0.0, max_len=64),
+        epochs=1, max_tokens=512, lr_factor=1.0, warmup=50, bpe_vocab=300,
         note="for tests: seconds on a CPU"),
-    "anchor": Recipe(
-        model=dict(d_model=128, heads=4, d_ff=512, encoder_layers=2, decoder_layers=2, dropout=0.1,
-                   max_len=128),
-        epochs=30, max_tokens=1024, lr_factor=0.5, warmup=400, glosses=False, source_units="gold",
+    "anchor": dict(
+        epochs=30, lr_factor=0.5, warmup=400, bpe_vocab=2000, source_units="gold",
         note="the plain-Transformer anchor's sizes: HSK only, gold segmentation, no glosses"),
-    "hsk": Recipe(
-        model=dict(d_model=128, heads=4, d_ff=512, encoder_layers=2, decoder_layers=2, dropout=0.3,
-                   max_len=128),
-        epochs=40, max_tokens=1024, lr_factor=0.5, warmup=400, bpe_vocab=2000, glosses=True,
-        char_fallback=True, source_units="raw", average=5,
+    "hsk": dict(
+        model=dict(dropout=0.3),
+        epochs=40, lr_factor=0.5, warmup=400, bpe_vocab=2000, glosses=True, char_fallback=True, average=5,
         note="HSK pairs only (the former default): about 7 minutes on 2 idle CPU cores"),
-    "default": Recipe(
-        model=dict(d_model=128, heads=4, d_ff=512, encoder_layers=2, decoder_layers=2, dropout=0.1,
-                   max_len=128),
-        epochs=10, max_tokens=1024, lr_factor=0.7, warmup=800, bpe_vocab=4000, glosses=True,
-        char_fallback=True, source_units="raw", average=3, tatoeba=True, hsk_repeat=3,
+    "default": dict(
+        glosses=True, char_fallback=True, tatoeba=True, hsk_repeat=3, average=3,
         note="the demo model: HSK x3 + Tatoeba + CC-CEDICT, 10 epochs, the last 3 averaged; about 18 minutes "
              "on 2 idle CPU cores"),
-    "large": Recipe(
-        model=dict(d_model=256, heads=4, d_ff=1024, encoder_layers=3, decoder_layers=3, dropout=0.1,
-                   max_len=128),
-        epochs=12, max_tokens=2048, lr_factor=0.7, warmup=800, bpe_vocab=6000, glosses=True,
-        char_fallback=True, source_units="raw", average=3, tatoeba=True, hsk_repeat=3,
+    "large": dict(
+        model=dict(d_model=256, d_ff=1024, encoder_layers=3, decoder_layers=3),
+        epochs=12, max_tokens=2048, bpe_vocab=6000, glosses=True, char_fallback=True, tatoeba=True, hsk_repeat=3,
+        average=3,
         note="best quality on this machine: d 256, 3+3 layers, 12 epochs, the last 3 averaged; about an hour "
              "on 2 idle CPU cores"),
 }
@@ -150,8 +121,7 @@ def sentencepiece_tokenizer(texts: list[str], pieces: int, extra_words: list[str
     return with_characters(SourceTokenizer(Vocab(ordered, counts)), [[w] for w in ordered] + [[w] for w in extra_words])
 
 
-def prepare_data(recipe: Recipe, limit: int | None = None, vocab: dict | None = None,
-                 dev_limit: int | None = None) -> Data:
+def prepare_data(recipe: TrainSettings, limit: int | None = None, vocab: dict | None = None) -> Data:
     """Load the corpora, build (or restore) the tokenizers, encode the training pairs (+ glosses).
 
     Training data: the HSK train split (``hsk_repeat`` times), the Tatoeba training pairs if the recipe
@@ -213,11 +183,10 @@ def prepare_data(recipe: Recipe, limit: int | None = None, vocab: dict | None = 
         if len(ids) <= GLOSS_MAX_TOKENS:
             examples.append(Example(source.vocab.encode([word]), ids))
             n_glosses += 1
-    max_len = recipe.model.get("max_len", 256)
+    max_len = recipe.model.max_len
     kept = [e for e in examples if e.width <= max_len]
     finish = [e for e in examples[:n_hsk] if e.width <= max_len]
-    dev = corpus.dev[:dev_limit] if dev_limit else corpus.dev
-    return Data(source, target, kept, dev, finish,
+    return Data(source, target, kept, corpus.dev, finish,
                 {"pairs": len(hsk) + len(tatoeba), "hsk_pairs": len(hsk), "tatoeba_pairs": len(tatoeba),
                  "glosses": n_glosses, "examples": len(kept), "finish_examples": len(finish),
                  "dropped_too_long": len(examples) - len(kept),

@@ -28,6 +28,31 @@ class Dist:
     def active(self) -> bool:
         return self.world > 1
 
+    def agree(self, loss_sum: float, stop: bool, device: torch.device) -> tuple[float, bool]:
+        """The loss summed over ranks, and whether any rank asked to stop (then all stop at this step)."""
+        if not self.active:
+            return loss_sum, stop
+        import torch.distributed as dist
+
+        t = torch.tensor([loss_sum, float(stop)], dtype=torch.float64,
+                         device=device if device.type == "cuda" else "cpu")
+        dist.all_reduce(t)
+        return float(t[0]), bool(t[1] > 0)
+
+    def barrier(self) -> None:
+        if self.active:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def close(self) -> None:
+        """Wait for every rank, then leave the process group."""
+        if self.active:
+            import torch.distributed as dist
+
+            dist.barrier()
+            dist.destroy_process_group()
+
 
 def init_distributed(device: torch.device) -> Dist:
     """Join the process group torchrun describes (gloo on CPU, nccl on CUDA); single process otherwise."""

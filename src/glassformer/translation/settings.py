@@ -1,70 +1,90 @@
-"""Typed, validated settings of `glassformer train`.
+"""The settings of `glassformer train`, each declared once: type, range, default and help text.
 
-`TrainSettings` is what decides a run and is saved in config.json's "train" (a preset's recipe with
-every command-line override applied); `RunOptions` is how this invocation runs it (folder, resume,
-checkpoints to keep, device, threads). Both are dataclasses with literal choices, checked by the one
-validation layer (glassformer.validation): a bad value is one line naming the option, exit 2.
+`TrainSettings` decides a run and is saved in config.json's "train"; its `model` part holds the model's
+sizes (`ModelSettings`). `RunOptions` is how this invocation runs it (folder, resume, checkpoints to keep,
+device, threads) and is not saved. The schema defaults are a plain run on the HSK pairs; the presets
+(recipes.PRESETS) are partial values of the same schema. The command-line flags are generated from
+these fields (train_cli.py), and a bad value, from a flag or a saved file, is one line naming it.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ..errors import UsageError
 from ..limits import MAX_VOCAB
 from ..model import ModelConfig
-from ..validation import DATACLASS_CONFIG, validate
-from .recipes import RECIPES
+from ..validation import Schema, validate
+from .recipes import PRESETS
 
-Positive = Annotated[int, Field(gt=0)]
-NonNegative = Annotated[int, Field(ge=0)]
-Fraction = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]
-PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-VocabSize = Annotated[int, Field(gt=0, le=MAX_VOCAB)]     # --bpe-vocab, --source-pieces: at most limits.MAX_VOCAB
-Preset = Literal["default", "large", "hsk", "anchor", "tiny"]   # the names of translation.recipes.RECIPES
-
-# command-line option -> ModelConfig fields it sets
-MODEL_OPTIONS = {"d_model": ("d_model",), "d_ff": ("d_ff",), "heads": ("heads",),
-                 "layers": ("encoder_layers", "decoder_layers"), "norm": ("norm_placement",)}
+Preset = Literal["default", "large", "hsk", "anchor", "tiny"]   # the names of recipes.PRESETS
 
 
-@dataclass(frozen=True)
-class TrainSettings:
-    """Everything that decides a training run: the recipe's knobs after overrides, the seed, the data."""
+def knob(default: Any, help: str, *, flag: str | None = "", resume: bool = False, **bounds: Any) -> Any:
+    """A field of the schema: its default, its help text, its bounds (gt, ge, lt, le).
 
-    __pydantic_config__ = DATACLASS_CONFIG
+    `flag`: the command-line flag ("" = --field-name, None = none); `resume`: may change on --resume.
+    """
+    return Field(default, description=help, json_schema_extra={"flag": flag, "resume": resume}, **bounds)
 
-    preset: Preset
-    model: dict[str, Any]                           # ModelConfig fields (without the vocabulary sizes)
-    epochs: Positive
-    max_tokens: Positive                            # padded tokens per batch per rank
-    lr_factor: PositiveFloat
-    warmup: Positive
-    label_smoothing: Fraction
-    bpe_vocab: VocabSize
-    glosses: bool
-    source_units: Literal["raw", "gold"]
-    average: Positive
-    char_fallback: bool
-    dropout: Fraction
-    tatoeba: bool = False                           # Tatoeba training pairs join the HSK ones
-    hsk_repeat: Positive = 1                        # each HSK training pair this many times per epoch
-    source_pieces: Annotated[int, Field(ge=0, le=MAX_VOCAB)] = 0   # 0: corpus words; N: SentencePiece pieces
-    hsk_finish: NonNegative = 0                     # the last N epochs on the HSK examples only
-    max_steps: Positive | None = None
-    seed: int = 1
-    limit: Positive | None = None                   # only the first N training pairs
-    accumulate: Positive = 1
-    eval: bool = True                               # dev BLEU after each epoch (kept on resume)
-    log_every: Positive = 10                        # steps between metrics.jsonl lines (kept on resume)
+
+class ModelSettings(Schema):
+    """The model's sizes a recipe chooses (glassformer.model.ModelConfig fields; the vocabularies come
+    from the data)."""
+
+    d_model: int = knob(128, "model width d", gt=0)
+    heads: int = knob(4, "attention heads", gt=0)
+    d_ff: int = knob(512, "FeedForward inner width", gt=0)
+    encoder_layers: int = knob(2, "encoder and decoder layers each", flag="--layers", gt=0)
+    decoder_layers: int = knob(2, "encoder and decoder layers each", flag="--layers", gt=0)
+    dropout: float = knob(0.1, "dropout", ge=0, lt=1)
+    max_len: int = knob(128, "longest sequence the model accepts", flag=None, gt=0)
+    norm_placement: Literal["post", "pre"] = knob("post", "LayerNorm placement", flag="--norm")
+
+
+class TrainSettings(Schema):
+    """Everything that decides a training run: the model, the data, the schedule, the seed."""
+
+    preset: Preset = knob("default", "the recipe to start from (recipes.PRESETS; its note is printed at the start)")
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    epochs: int = knob(10, "epochs", resume=True, gt=0)
+    max_tokens: int = knob(1024, "padded tokens per batch per rank", gt=0)
+    lr_factor: float = knob(0.7, "Noam schedule factor", gt=0)
+    warmup: int = knob(800, "Noam warm-up steps", gt=0)
+    label_smoothing: float = knob(0.1, "label smoothing", ge=0, lt=1)
+    bpe_vocab: int = knob(4000, "target BPE vocabulary size", gt=0, le=MAX_VOCAB)
+    glosses: bool = knob(False, "add CC-CEDICT glosses of the source words as word-level pairs")
+    source_units: Literal["raw", "gold"] = knob("raw", "train on the raw-text segmentation or the corpus's")
+    average: int = knob(1, "average the last K epoch checkpoints at the end", resume=True, gt=0)
+    char_fallback: bool = knob(False, "characters as source units too: unknown words read as characters")
+    tatoeba: bool = knob(False, "add the Tatoeba training pairs")
+    hsk_repeat: int = knob(1, "each HSK training pair this many times per epoch", gt=0)
+    source_pieces: int = knob(0, "0: source words from the HSK corpus; N: a SentencePiece unigram of N pieces",
+                              ge=0, le=MAX_VOCAB)
+    hsk_finish: int = knob(0, "the last N epochs train on the HSK examples only", ge=0)
+    max_steps: int | None = knob(None, "stop after this many optimizer steps in total", resume=True, gt=0)
+    seed: int = knob(1, "random seed")
+    limit: int | None = knob(None, "use only the first N training pairs (tests)", gt=0)
+    accumulate: int = knob(1, "batches per optimizer step per rank", gt=0)
+    eval: bool = knob(True, "the dev BLEU after each epoch", resume=True)
+    log_every: int = knob(10, "steps between metrics.jsonl lines", resume=True, gt=0)
+    dtype: Literal["float32", "bfloat16"] = knob(
+        "float32", "training precision: bfloat16 = autocast around forward and loss, fp32 weights and Adam state")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _earlier_files(cls, data: Any) -> Any:
+        """Runs saved before this schema also wrote the model's dropout at the top level: the same value."""
+        if isinstance(data, dict) and "dropout" in data and isinstance(data.get("model"), dict):
+            data = {k: v for k, v in data.items() if k != "dropout"}
+        return data
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return self.model_dump()
 
     def replace(self, **changes: Any) -> TrainSettings:
         return check_settings({**self.to_dict(), **changes})
@@ -75,84 +95,126 @@ class TrainSettings:
         return check_settings(data, source)
 
 
-@dataclass(frozen=True)
-class RunOptions:
+class RunOptions(Schema):
     """How this invocation runs: not part of the run, so not saved."""
 
-    __pydantic_config__ = DATACLASS_CONFIG
-
-    out: Path
-    resume: bool = False
-    keep: NonNegative | None = None                 # step checkpoints kept (default 3, at least --average)
-    device: str = "auto"
-    threads: Positive | None = None
-    quiet: bool = False
+    out: Path | None = knob(None, "run folder (default runs/PRESET)")
+    resume: bool = knob(False, "continue the run in --out where it stopped")
+    keep: int = knob(3, "step checkpoints to keep (0 = none; at least --average)", ge=0)
+    device: Literal["auto", "cpu", "cuda"] = knob("auto", "auto: CUDA if present")
+    threads: int | None = knob(None, "CPU threads per process", gt=0)
+    quiet: bool = knob(False, "no progress bar")
 
 
-def _option(field_name: str | None) -> str:
-    return f"--{field_name.split('.')[0].split('[')[0].replace('_', '-')}" if field_name else "train settings"
+SCHEMAS = {"model": ModelSettings, "train": TrainSettings, "run": RunOptions}
+
+
+def flag_of(schema: type[Schema], name: str) -> str | None:
+    """The command-line flag of a field (None: it has none)."""
+    flag = (schema.model_fields[name].json_schema_extra or {"flag": None})["flag"]
+    return f"--{name.replace('_', '-')}" if flag == "" else flag
+
+
+@cache
+def flags() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Every flag's dest -> (schema key in SCHEMAS, the fields it sets), in declaration order."""
+    table: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for part in ("train", "model", "run"):
+        for name in SCHEMAS[part].model_fields:
+            if name == "model" and part == "train":
+                continue
+            flag = flag_of(SCHEMAS[part], name)
+            if flag is not None:
+                dest = flag[2:].replace("-", "_")
+                table[dest] = (part, table[dest][1] + (name,) if dest in table else (name,))
+    return table
+
+
+def _where(field: str | None, source: str | None) -> str:
+    """Where a bad value came from: `source` and the key (a saved file), else the flag that sets the field."""
+    if source:
+        return f"{source}: {field}" if field else source
+    if not field:
+        return "train settings"
+    parts = field.split(".")
+    if parts[0] == "model" and len(parts) > 1 and parts[1] in ModelSettings.model_fields:
+        return flag_of(ModelSettings, parts[1]) or field
+    name = parts[0].split("[")[0]
+    schema = TrainSettings if name in TrainSettings.model_fields else RunOptions
+    return (flag_of(schema, name) if name in schema.model_fields else None) or name
+
+
+def _checked(schema: type[Schema], data: Any, source: str | None = None) -> Any:
+    try:
+        return validate(schema, data)
+    except UsageError as error:
+        text = str(error)
+        problem = text.split(": ", 1)[1] if error.field and ": " in text else text
+        raise UsageError(f"{_where(error.field, source)}: {problem}", error.field) from None
 
 
 def check_settings(data: Any, source: str | None = None) -> TrainSettings:
-    """`data` (a dict) as TrainSettings, or one UsageError naming the option (or `source` and the key)."""
+    """`data` (a dict) as TrainSettings, or one UsageError naming the flag (or `source` and the key)."""
+    settings = _checked(TrainSettings, data, source)
     try:
-        settings = validate(TrainSettings, data)
-    except UsageError as error:
-        text = str(error)
-        where = f"{source}: {error.field}" if source else _option(error.field)
-        raise UsageError(f"{where}: {text.split(': ', 1)[1] if ': ' in text else text}", error.field) from None
-    try:
-        ModelConfig.from_dict(settings.model, "model settings")
-    except UsageError as error:
-        raise UsageError(f"{source + ': ' if source else ''}{error}", error.field) from None
+        ModelConfig.from_dict(settings.model.model_dump(), "model")
+    except UsageError as error:                             # a size over its limit (limits.py), checked before any
+        field = error.field if error.field in ModelSettings.model_fields else None       # tensor is made
+        where = f"{source}: model" if source else (flag_of(ModelSettings, field) if field else None) or "model"
+        raise UsageError(f"{where}: {str(error).removeprefix('model: ')}", error.field) from None
     return settings
 
 
+def given(args: Any) -> dict[str, dict[str, Any]]:
+    """The flags given on the command line, by schema part: {"train": {...}, "model": {...}, "run": {...}}."""
+    out: dict[str, dict[str, Any]] = {"train": {}, "model": {}, "run": {}}
+    for dest, (part, names) in flags().items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            out[part].update(dict.fromkeys(names, value))
+    return out
+
+
+def preset_settings(name: str, train: dict[str, Any] | None = None, model: dict[str, Any] | None = None
+                    ) -> TrainSettings:
+    """A preset's values over the schema defaults, then `train` and `model` changes over those, checked."""
+    values = {k: v for k, v in PRESETS[name].items() if k != "note"}
+    sizes = {**values.pop("model", {}), **(model or {})}
+    return check_settings({**values, **(train or {}), "preset": name, "model": sizes})
+
+
 def resolve_settings(args: Any) -> TrainSettings:
-    """A preset's recipe, overridden by every option given on the command line, checked."""
-
-
-    if args.preset not in RECIPES:
-        raise UsageError(f"--preset must be one of {', '.join(RECIPES)}, got {args.preset!r}")
-    recipe = RECIPES[args.preset].to_dict()
-    recipe.pop("note", None)
-    model = dict(recipe.pop("model"))
-    if getattr(args, "dropout", None) is not None:
-        model["dropout"] = args.dropout
-    for option, fields in MODEL_OPTIONS.items():
-        if getattr(args, option, None) is not None:
-            model.update({f: getattr(args, option) for f in fields})
-    known = {f.name for f in dataclasses.fields(TrainSettings)}
-    values = {k: v for k, v in recipe.items() if k in known}
-    for key in (*values, "max_steps", "seed", "limit", "accumulate", "log_every"):
-        if getattr(args, key, None) is not None:
-            values[key] = getattr(args, key)
-    if getattr(args, "eval", None) is not None:
-        values["eval"] = args.eval
-    values.update(preset=args.preset, model=model, dropout=model.get("dropout", 0.1))
-    return check_settings(values)
+    """The preset's values, overridden by every flag given on the command line, checked."""
+    changes = given(args)
+    return preset_settings(changes["train"].get("preset", "default"), changes["train"], changes["model"])
 
 
 def run_options(args: Any) -> RunOptions:
     """This invocation's folder and switches; `--out` must be a folder (or not exist yet)."""
-    out = Path(args.out or f"runs/{args.preset}")
+    values = given(args)["run"]
+    out = Path(values.get("out") or f"runs/{getattr(args, 'preset', None) or 'default'}")
     for parent in (out, *out.parents):
         if parent.exists() and not parent.is_dir():
             what = "is a file, not a folder" if parent == out else f"lies under {parent}, which is a file"
             raise UsageError(f"--out {out} {what}; choose a folder for the run")
-    try:
-        return validate(RunOptions, {"out": out, "resume": bool(args.resume), "keep": args.keep,
-                                     "device": args.device or "auto", "threads": args.threads,
-                                     "quiet": bool(getattr(args, "quiet", False))})
-    except UsageError as error:
-        raise UsageError(f"{_option(error.field)}: {str(error).split(': ', 1)[-1]}", error.field) from None
+    return _checked(RunOptions, {**values, "out": out})
+
+
+def _resumable(schema: type[Schema], name: str) -> bool:
+    return bool((schema.model_fields[name].json_schema_extra or {}).get("resume"))
 
 
 def resumed_settings(saved: dict[str, Any], args: Any, source: str) -> TrainSettings:
-    """The saved settings of a run, with the options this invocation may change on resume."""
+    """The saved settings of a run, with the flags that may change on resume; any other flag given must
+    agree with the run (its data, model and schedule are fixed when it starts)."""
     settings = TrainSettings.from_saved(saved, source)
-    changes = {key: getattr(args, key) for key in ("epochs", "max_steps", "average", "log_every")
-               if getattr(args, key, None) is not None}
-    if getattr(args, "eval", None) is not None:
-        changes["eval"] = args.eval
-    return settings.replace(**changes) if changes else settings
+    changes = given(args)
+    for part, now in (("train", settings), ("model", settings.model)):
+        for name, value in changes[part].items():
+            if not _resumable(SCHEMAS[part], name) and value != getattr(now, name):
+                allowed = ", ".join(flag_of(TrainSettings, n) for n in TrainSettings.model_fields
+                                    if _resumable(TrainSettings, n))
+                raise UsageError(f"{flag_of(SCHEMAS[part], name)}: the run has {getattr(now, name)!r} "
+                                 f"({source}); --resume keeps it (only {allowed} may change)", name)
+    resumed = {k: v for k, v in changes["train"].items() if _resumable(TrainSettings, k)}
+    return settings.replace(**resumed) if resumed else settings

@@ -1,15 +1,20 @@
-"""Training the Chinese->English translator: the Noam schedule, the loss, the loop (recipes: recipes.py).
+"""Training the Chinese->English translator: the Noam schedule, the loss, the loop (settings: settings.py,
+presets and data: recipes.py).
 
 One loop serves one process and DDP (torchrun sets RANK/WORLD_SIZE/LOCAL_RANK). Each optimizer step
 takes world_size x accumulate batches from one deterministic batch list; every rank runs its share
 and the loss is divided by the step's GLOBAL target-token count, so the averaged gradient equals the
 one a single process computes on the union of those batches. Only rank 0 writes files and logs.
+
+A run, as the methods read: `run` announces it and loops `train_epoch` over the epochs; `train_epoch`
+calls `step` for each optimizer step (forward + loss under the run's precision, backward, clip, Adam,
+the schedule) and `log_step` every --log-every steps; `end_epoch` scores dev (`evaluate`), logs and
+`save`s; at the end `average_last` averages the last epochs into best/.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import sys
@@ -18,6 +23,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
 
 from ..errors import UsageError
 from ..inference.threads import training_threads
@@ -42,17 +48,29 @@ from .checkpoint import (
     set_rng_state,
     write_json,
 )
-from .recipes import RECIPES, Data, Recipe, build_source_tokenizer, prepare_data
+from .recipes import PRESETS, Data, build_source_tokenizer, prepare_data
 from .runtime import StopFlag, init_distributed, pick_device
 from .settings import TrainSettings, resolve_settings, resumed_settings, run_options
+from .train_cli import main  # noqa: F401  (`python -m glassformer.train`, the torchrun entry point)
 
-__all__ = ["RECIPES", "Data", "Recipe", "Trainer", "build_source_tokenizer", "noam_lr", "prepare_data", "train"]
+Recipe = TrainSettings      # what prepare_data reads: the settings of a run
+
+ESTIMATE_AFTER = 60         # steps of this invocation after which the measured time estimate is printed
 
 
 def noam_lr(step: int, d_model: int, factor: float, warmup: int) -> float:
     """lr = factor * d^-0.5 * min(step^-0.5, step * warmup^-1.5), step counted from 1."""
     step = max(step, 1)
     return factor * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+
+def noam_schedule(optimizer: torch.optim.Optimizer, d_model: int, factor: float, warmup: int,
+                  done: int = 0) -> LambdaLR:
+    """The Noam schedule as a LambdaLR: optimizer step k (from 1) runs at noam_lr(k); `done` steps are
+    already behind (a resumed run)."""
+    for group in optimizer.param_groups:
+        group["initial_lr"] = 1.0                       # the schedule gives the learning rate itself
+    return LambdaLR(optimizer, lambda taken: noam_lr(taken + 1, d_model, factor, warmup), last_epoch=done - 1)
 
 
 class LossModule(nn.Module):
@@ -67,86 +85,69 @@ class LossModule(nn.Module):
         return self.model.loss(src, tgt_in, labels, self.label_smoothing)[0]
 
 
-class Estimate:
-    """The run's remaining time, measured on this machine: seconds per step over steps 11-60 of this
-    invocation (the first ten warm up), times the steps left. Printed once, early."""
-
-    WARM, MEASURED = 10, 50
-
-    def __init__(self, start_step: int, total_steps: int) -> None:
-        self.start, self.total = start_step, total_steps
-        self.t0: float | None = None
-
-    def update(self, step: int) -> str | None:
-        done = step - self.start
-        if done == self.WARM:
-            self.t0 = time.perf_counter()
-        if done != self.WARM + self.MEASURED or self.t0 is None:
-            return None
-        per_step = (time.perf_counter() - self.t0) / self.MEASURED
-        left = max(self.total - step, 0)
-        return (f"estimate: {per_step * 1000:.0f} ms per step on this machine, {left:,} steps left: "
-                f"about {per_step * left / 60:.0f} min of training, plus a dev score per epoch")
+def estimate_line(progress: dict[str, Any]) -> str:
+    """The run's remaining time from the progress bar's own numbers (tqdm's format_dict): the seconds per
+    step of this invocation so far, times the steps left."""
+    done = progress["n"] - progress.get("initial", 0)
+    per_step = progress["elapsed"] / max(done, 1)
+    left = max(progress["total"] - progress["n"], 0)
+    return (f"estimate: {per_step * 1000:.0f} ms per step on this machine, {left:,} steps left: "
+            f"about {per_step * left / 60:.0f} min of training, plus a dev score per epoch")
 
 
 # ---- the run -------------------------------------------------------------------------------
-def _recipe_of(settings: TrainSettings) -> Recipe:
-    names = {f.name for f in dataclasses.fields(Recipe)} - {"model", "note"}
-    values = settings.to_dict()
-    return Recipe(model=values["model"], **{k: values[k] for k in names if k in values})
-
-
 class Trainer:
     """One training run in a run folder: build or resume, loop over epochs, evaluate, checkpoint."""
 
     def __init__(self, args) -> None:
-        self.args = args
         self.options = run_options(args)
         self.out, self.resume = self.options.out, self.options.resume
-        if self.resume and not (self.out / CONFIG).is_file():
-            raise UsageError(f"--resume: {self.out} holds no run (no {CONFIG}); nothing to resume — "
-                             "leave out --resume to start one")
-        if self.resume:
-            saved = validate(ConfigFile, read_run_json(self.out / CONFIG, "MAX_CONFIG_BYTES"), str(self.out / CONFIG))
-            self.settings = resumed_settings(saved.train, args, f"{self.out / CONFIG}: train")
-            vocab = read_run_json(self.out / VOCAB, "MAX_VOCAB_BYTES")
-        else:
-            if (self.out / CONFIG).exists():
-                raise UsageError(f"{self.out} already holds a run: pass --resume to continue it, "
-                                 "or choose another --out")
-            self.settings = resolve_settings(args)
-            vocab = None
-        self.keep = max(self.options.keep if self.options.keep is not None else 3, self.settings.average)
-        self.log_every = self.settings.log_every
-        self.eval = self.settings.eval
+        self.settings, vocab = self._open_run(args)
+        self.keep = max(self.options.keep, self.settings.average)
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        torch.set_num_threads(training_threads(world, args.threads))       # the usable cores, shared by the ranks
-        self.device = pick_device(args.device or "auto", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.set_num_threads(training_threads(world, self.options.threads))   # the usable cores, shared by ranks
+        self.device = pick_device(self.options.device, int(os.environ.get("LOCAL_RANK", "0")))
         self.dist = init_distributed(self.device)
         torch.manual_seed(self.settings.seed)
-        self.recipe = _recipe_of(self.settings)
-        self.data = prepare_data(self.recipe, self.settings.limit, vocab)
+        self.data = prepare_data(self.settings, self.settings.limit, vocab)
         self.examples = self.data.examples          # this epoch's examples (see examples_for)
-        cfg_dict = dict(self.settings.model, src_vocab=self.data.source.vocab_size,
-                        tgt_vocab=self.data.target.vocab_size)
-        self.cfg = ModelConfig.from_dict(read_json(self.out / CONFIG)["model"]) if self.resume \
-            else ModelConfig(**cfg_dict)
+        self.cfg = ModelConfig.from_dict(read_json(self.out / CONFIG)["model"]) if self.resume else ModelConfig(
+            **self.settings.model.model_dump(), src_vocab=self.data.source.vocab_size,
+            tgt_vocab=self.data.target.vocab_size)
         self.model = Transformer(self.cfg).to(self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
         self.state: dict[str, Any] = {"step": 0, "epoch": 0, "position": 0, "best_bleu": None,
                                       "best_step": None, "checkpoints": [], "seconds": 0.0}
         if self.resume:
             self._load()
         elif self.dist.main:
             save_run_files(self.out, self.cfg, self.settings.to_dict(), self.data.source, self.data.target)
-        self.loss_module: nn.Module = LossModule(self.model, self.settings.label_smoothing)
+        s = self.settings
+        self.schedule = noam_schedule(self.optimizer, self.cfg.d_model, s.lr_factor, s.warmup, self.state["step"])
+        self.loss_module: nn.Module = LossModule(self.model, s.label_smoothing)
         if self.dist.active:
             from torch.nn.parallel import DistributedDataParallel
 
             self.loss_module = DistributedDataParallel(
                 self.loss_module, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        self.interrupted, self._stop = False, StopFlag()          # Ctrl-C / SIGTERM: stop at a clean step
 
-    # ---- state ---------------------------------------------------------------------------
+    def _open_run(self, args) -> tuple[TrainSettings, dict | None]:
+        """The settings (saved ones on --resume) and the saved vocabularies (None for a new run)."""
+        config = self.out / CONFIG
+        if not self.resume:
+            if config.exists():
+                raise UsageError(f"{self.out} already holds a run: pass --resume to continue it, "
+                                 "or choose another --out")
+            return resolve_settings(args), None
+        if not config.is_file():
+            raise UsageError(f"--resume: {self.out} holds no run (no {CONFIG}); nothing to resume — "
+                             "leave out --resume to start one")
+        saved = validate(ConfigFile, read_run_json(config, "MAX_CONFIG_BYTES"), str(config))
+        return resumed_settings(saved.train, args, f"{config}: train"), read_run_json(self.out / VOCAB,
+                                                                                      "MAX_VOCAB_BYTES")
+
+    # ---- state ----------------------------------------------------------------------------
     def _load(self) -> None:
         self.state = read_json(self.out / STATE)
         load_weights(self.model, self.out / "model.safetensors")
@@ -159,19 +160,27 @@ class Trainer:
         set_rng_state(self.state["rng"])
 
     def save(self) -> None:
+        """The checkpoint of this step (rank 0); the state keeps the names of the last `keep` ones."""
         if self.dist.main:
             self.state["rng"] = rng_state()
-            save_checkpoint(self.out, self.model, self.optimizer, self.state, keep=self.keep)
-            self.state = read_json(self.out / STATE)
+            name = save_checkpoint(self.out, self.model, self.optimizer, self.state, keep=self.keep).name
+            recent = [c for c in self.state["checkpoints"] if c != name] + [name]
+            self.state["checkpoints"] = recent[-self.keep:] if self.keep > 0 else []
 
     def log(self, record: dict[str, Any]) -> None:
         if self.dist.main:
             with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
 
+    def account_time(self) -> None:
+        """Wall-clock and CPU seconds of the run so far, over every invocation."""
+        self.state["seconds"] = self._seconds0 + time.time() - self._started
+        self.state["cpu_seconds"] = self._cpu0 + time.process_time() - self._cpu_start
+
     # ---- evaluation ----------------------------------------------------------------------
-    def dev_score(self) -> dict[str, float] | None:
-        if not self.eval or not self.data.dev:
+    def evaluate(self) -> dict[str, float] | None:
+        """Dev BLEU and chrF, greedy on raw input (None with --no-eval)."""
+        if not self.settings.eval or not self.data.dev:
             return None
         from .evaluate import evaluate_pairs
         from .translator import Translator
@@ -184,7 +193,7 @@ class Trainer:
             self.model.train()
         return {"dev_bleu": round(s.bleu, 2), "dev_chrf": round(s.chrf, 2)}
 
-    # ---- the loop ------------------------------------------------------------------------
+    # ---- the steps -----------------------------------------------------------------------
     def examples_for(self, epoch: int) -> list:
         """The examples of an epoch: all of them, or the HSK ones alone in the last `hsk_finish` epochs."""
         finishing = self.settings.hsk_finish and epoch >= self.settings.epochs - self.settings.hsk_finish
@@ -196,156 +205,148 @@ class Trainer:
         return step_groups(make_batches(self.examples_for(epoch), s.max_tokens, s.seed, epoch),
                            self.dist.world, s.accumulate)
 
+    def total_steps(self) -> int:
+        """Optimizer steps of the whole run (the last epochs may train on the HSK examples only)."""
+        epochs = self.settings.epochs
+        sizes = {id(self.data.examples): len(self.epoch_groups(0)),
+                 id(self.data.finish): len(self.epoch_groups(epochs - 1))}
+        total = sum(sizes[id(self.examples_for(epoch))] for epoch in range(epochs))
+        return total if self.settings.max_steps is None else min(self.settings.max_steps, total)
+
     def step_tokens(self, group: list[list[int]]) -> int:
         """Non-PAD labels of every batch in the step, on all ranks (known from the shared batch list)."""
         return sum(len(self.examples[i].tgt) + 1 for batch in group for i in batch)
 
-    def train_step(self, group: list[list[int]]) -> tuple[float, int]:
-        """One optimizer step on this rank's share of `group`; returns (summed loss over all ranks, tokens)."""
-        step = self.state["step"] + 1
-        lr = noam_lr(step, self.cfg.d_model, self.settings.lr_factor, self.settings.warmup)
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
-        accumulate = self.settings.accumulate
+    def precision(self):
+        """bfloat16: autocast around forward and loss (weights, gradients and Adam stay fp32; the loss
+        itself is computed in fp32 by Transformer.loss). float32: nothing."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.settings.dtype == "bfloat16")
+
+    def step(self, group: list[list[int]]) -> tuple[float, int, float]:
+        """One optimizer step on this rank's share of `group`: (summed loss over all ranks, tokens, lr)."""
+        lr = self.schedule.get_last_lr()[0]
         total = self.step_tokens(group)
         self.optimizer.zero_grad(set_to_none=True)
         local = torch.zeros((), dtype=torch.float64)
-        share = rank_share(group, self.dist.rank, accumulate)
-        cuda = self.device.type == "cuda"
+        share = rank_share(group, self.dist.rank, self.settings.accumulate)
         for m, index in enumerate(share):
             batch = collate(self.examples, index).to(self.device)
-            sync = contextlib.nullcontext()
-            if self.dist.active and m < len(share) - 1:
-                sync = self.loss_module.no_sync()
-            with sync, torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cuda):
-                loss_sum = self.loss_module(batch.src, batch.tgt_in, batch.labels)
+            last = m == len(share) - 1
+            with self.loss_module.no_sync() if self.dist.active and not last else contextlib.nullcontext():
+                with self.precision():
+                    loss_sum = self.loss_module(batch.src, batch.tgt_in, batch.labels)
                 (loss_sum * self.dist.world / total).backward()
             local += loss_sum.detach().double().cpu()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
-        self.state["step"] = step
-        return float(local), total
+        self.schedule.step()
+        self.state["step"] += 1
+        loss_sum, stop = self.dist.agree(float(local), self._stop.requested, self.device)
+        self.interrupted = self.interrupted or stop
+        return loss_sum, total, lr
 
-    def _reduce(self, loss_sum: float, stop: bool) -> tuple[float, bool]:
-        """Sum the loss over ranks and agree on stopping (any rank asked -> all stop at this step)."""
-        if not self.dist.active:
-            return loss_sum, stop
-        import torch.distributed as dist
+    def log_step(self, epoch: int, loss_sum: float, tokens: int, lr: float) -> None:
+        """A metrics.jsonl line every --log-every steps (and at a stop): this step's loss and the window's."""
+        self._window["loss"] += loss_sum
+        self._window["tokens"] += tokens
+        step = self.state["step"]
+        if step % self.settings.log_every and not self.interrupted:
+            return
+        now, window = time.time(), self._window
+        rate = window["tokens"] / max(now - window["since"], 1e-9)
+        self.log({"kind": "step", "step": step, "epoch": epoch, "loss": loss_sum / tokens,
+                  "window_loss": window["loss"] / window["tokens"], "lr": lr, "tokens": tokens,
+                  "tokens_per_s": round(rate, 1)})
+        self.bar.set_postfix(epoch=epoch + 1, loss=f"{window['loss'] / window['tokens']:.3f}", tok_s=f"{rate:.0f}",
+                             lr=f"{lr:.2e}", refresh=False)
+        self._new_window()
 
-        t = torch.tensor([loss_sum, float(stop)], dtype=torch.float64,
-                         device=self.device if self.device.type == "cuda" else "cpu")
-        dist.all_reduce(t)
-        return float(t[0]), bool(t[1] > 0)
+    def _new_window(self) -> None:
+        self._window = {"loss": 0.0, "tokens": 0, "since": time.time()}
+
+    def reached_max_steps(self) -> bool:
+        return self.settings.max_steps is not None and self.state["step"] >= self.settings.max_steps
+
+    def train_epoch(self) -> bool:
+        """The steps of the current epoch from where it stands; True when every one of them ran (not
+        stopped by Ctrl-C / SIGTERM or --max-steps)."""
+        epoch = self.state["epoch"]
+        groups = self.epoch_groups(epoch)
+        self.examples = self.examples_for(epoch)
+        self._epoch = {"loss": 0.0, "tokens": 0}
+        while self.state["position"] < len(groups):
+            if self.reached_max_steps():
+                return False
+            loss_sum, tokens, lr = self.step(groups[self.state["position"]])
+            self.state["position"] += 1
+            self._epoch["loss"] += loss_sum
+            self._epoch["tokens"] += tokens
+            self.log_step(epoch, loss_sum, tokens, lr)
+            self.bar.update(1)
+            if self.state["step"] - self._first_step == ESTIMATE_AFTER and not self.bar.disable:
+                self.bar.write(estimate_line(self.bar.format_dict), file=sys.stderr)
+            if self.interrupted:
+                return False
+        return True
+
+    # ---- the loop ------------------------------------------------------------------------
+    def announce(self) -> None:
+        if not self.dist.main:
+            return
+        counts = self.data.counts
+        print(f"training {self.out}: {counts['examples']} examples ({counts['pairs']} pairs + {counts['glosses']} "
+              f"glosses), {sum(p.numel() for p in self.model.parameters()):,} parameters, "
+              f"{len(self.epoch_groups(0))} steps/epoch, device {self.device}, world {self.dist.world}, "
+              f"{self.settings.dtype}", file=sys.stderr)
+        note = PRESETS.get(self.settings.preset, {}).get("note")
+        if note:
+            print(f"preset {self.settings.preset}: {note}", file=sys.stderr)
 
     def run(self) -> int:
         """Train until the epochs (or --max-steps) are done or a stop is requested; 130 if interrupted."""
-        s = self.settings
-        epochs, max_steps = s.epochs, s.max_steps
-        sizes = {id(self.data.examples): len(self.epoch_groups(0)),
-                 id(self.data.finish): len(self.epoch_groups(epochs - 1))}           # the last epoch may finish
-        per_epoch = [sizes[id(self.examples_for(epoch))] for epoch in range(epochs)]
-        groups_per_epoch = per_epoch[0]
-        total_steps = sum(per_epoch) if max_steps is None else min(max_steps, sum(per_epoch))
-        if self.dist.main:
-            print(f"training {self.out}: {self.data.counts['examples']} examples "
-                  f"({self.data.counts['pairs']} pairs + {self.data.counts['glosses']} glosses), "
-                  f"{sum(p.numel() for p in self.model.parameters()):,} parameters, "
-                  f"{groups_per_epoch} steps/epoch, device {self.device}, world {self.dist.world}",
-                  file=sys.stderr)
-            note = RECIPES[s.preset].note if s.preset in RECIPES else ""
-            if note:
-                print(f"preset {s.preset}: {note}", file=sys.stderr)
-        bar = None
-        if self.dist.main and not self.options.quiet:
-            from tqdm import tqdm
+        from tqdm import tqdm
 
-            bar = tqdm(total=total_steps, initial=min(self.state["step"], total_steps), unit="step",
-                       dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 5.0,
-                       file=sys.stderr)
+        total = self.total_steps()
+        self.announce()
+        self.bar = tqdm(total=total, initial=min(self.state["step"], total), unit="step", dynamic_ncols=True,
+                        mininterval=0.5 if sys.stderr.isatty() else 5.0, file=sys.stderr,
+                        disable=not self.dist.main or self.options.quiet)
         self.model.train()
-        interrupted = False
-        started = time.time()
-        seconds0 = self.state.get("seconds", 0.0)
+        self._started, self._seconds0 = time.time(), self.state.get("seconds", 0.0)
         self._cpu0, self._cpu_start = self.state.get("cpu_seconds", 0.0), time.process_time()
-        window_tokens, window_time, window_loss = 0, time.time(), 0.0
-        estimate = Estimate(self.state["step"], total_steps)
-        with StopFlag() as flag:
-            while self.state["epoch"] < epochs:
-                epoch = self.state["epoch"]
-                groups = self.epoch_groups(epoch)
-                self.examples = self.examples_for(epoch)
-                epoch_loss, epoch_tokens = 0.0, 0
-                while self.state["position"] < len(groups):
-                    if max_steps is not None and self.state["step"] >= max_steps:
-                        break
-                    loss_sum, tokens = self.train_step(groups[self.state["position"]])
-                    self.state["position"] += 1
-                    loss_sum, stop = self._reduce(loss_sum, flag.requested)
-                    epoch_loss += loss_sum
-                    epoch_tokens += tokens
-                    window_loss += loss_sum
-                    window_tokens += tokens
-                    step = self.state["step"]
-                    lr = self.optimizer.param_groups[0]["lr"]
-                    if step % self.log_every == 0 or stop:
-                        now = time.time()
-                        rate = window_tokens / max(now - window_time, 1e-9)
-                        self.log({"kind": "step", "step": step, "epoch": epoch, "loss": loss_sum / tokens,
-                                  "window_loss": window_loss / window_tokens, "lr": lr, "tokens": tokens,
-                                  "tokens_per_s": round(rate, 1)})
-                        if bar is not None:
-                            bar.set_postfix(epoch=epoch + 1, loss=f"{window_loss / window_tokens:.3f}",
-                                            tok_s=f"{rate:.0f}", lr=f"{lr:.2e}", refresh=False)
-                        window_tokens, window_time, window_loss = 0, now, 0.0
-                    if self.dist.main and not self.options.quiet:
-                        line = estimate.update(step)
-                        if line:
-                            (bar.write if bar is not None else print)(line, file=sys.stderr)
-                    if bar is not None:
-                        bar.update(1)
-                    if stop:
-                        interrupted = True
-                        break
-                if interrupted or (max_steps is not None and self.state["step"] >= max_steps
-                                   and self.state["position"] < len(groups)):
+        self._first_step = self.state["step"]
+        self._new_window()
+        with self._stop:
+            while self.state["epoch"] < self.settings.epochs and not self.reached_max_steps():
+                if not self.train_epoch():
                     break
-                self.state["epoch"] += 1
-                self.state["position"] = 0
-                self.end_epoch(epoch, epoch_loss / max(epoch_tokens, 1), started, seconds0)
-                window_tokens, window_time, window_loss = 0, time.time(), 0.0
-                if max_steps is not None and self.state["step"] >= max_steps:
-                    break
-            self.state["seconds"] = seconds0 + time.time() - started
-            if bar is not None:
-                bar.close()
-            if interrupted:
-                self.save()
+                self.end_epoch()
+            self.account_time()
+            self.bar.close()
+            self.save()
+            if self.interrupted:
                 if self.dist.main:
                     print(f"interrupted at step {self.state['step']}: checkpoint saved in {self.out} "
                           "(continue with --resume)", file=sys.stderr)
-                self._finish()
+                self.dist.close()
                 return 130
-            self.save()
-            if self.state["epoch"] >= epochs and s.average > 1:
+            if self.state["epoch"] >= self.settings.epochs and self.settings.average > 1:
                 self.average_last()
         if self.dist.main:
             self.summary()
-        self._finish()
+        self.dist.close()
         return 0
 
-    def end_epoch(self, epoch: int, train_loss: float, started: float, seconds0: float) -> None:
-        """Dev BLEU (rank 0), metrics line, checkpoint, best/."""
+    def end_epoch(self) -> None:
+        """The epoch is done: dev score (rank 0), metrics line, checkpoint, best/."""
+        epoch, self.state["epoch"], self.state["position"] = self.state["epoch"], self.state["epoch"] + 1, 0
         record: dict[str, Any] = {"kind": "epoch", "epoch": epoch + 1, "step": self.state["step"],
-                                  "train_loss": round(train_loss, 4)}
+                                  "train_loss": round(self._epoch["loss"] / max(self._epoch["tokens"], 1), 4)}
         if self.dist.main:
-            scores = self.dev_score()
-            if scores:
-                record.update(scores)
-            self.state["seconds"] = seconds0 + time.time() - started
-            record["seconds"] = round(self.state["seconds"], 1)
-            self.state["cpu_seconds"] = self._cpu0 + time.process_time() - self._cpu_start
-            record["cpu_seconds"] = round(self.state["cpu_seconds"], 1)
-            self.log(record)
+            scores = self.evaluate()
+            self.account_time()
+            self.log({**record, **(scores or {}), "seconds": round(self.state["seconds"], 1),
+                      "cpu_seconds": round(self.state["cpu_seconds"], 1)})
             best = self.state.get("best_bleu")
             improved = scores is not None and (best is None or scores["dev_bleu"] > best)
             if improved:
@@ -353,7 +354,8 @@ class Trainer:
             self.save()
             if improved:
                 save_best(self.out, self.model, {**self.state, "dev": scores})
-        self._barrier()
+        self.dist.barrier()
+        self._new_window()
 
     def average_last(self) -> None:
         """Average the last K epoch checkpoints into best/: the run's model (its dev score is logged).
@@ -368,7 +370,7 @@ class Trainer:
         paths = [self.out / "checkpoints" / n / "model.safetensors" for n in names]
         latest = {k: v.clone() for k, v in self.model.state_dict().items()}
         average_into(self.model, paths)
-        scores = self.dev_score()
+        scores = self.evaluate()
         record = {"kind": "average", "checkpoints": names, **(scores or {})}
         self.log(record)
         self.state["best_bleu"] = scores["dev_bleu"] if scores else None
@@ -387,43 +389,11 @@ class Trainer:
               f"best dev BLEU {self.state.get('best_bleu')} ({self.state.get('best_step')}); model in {self.out}",
               file=sys.stderr)
 
-    def _barrier(self) -> None:
-        if self.dist.active:
-            import torch.distributed as dist
-
-            dist.barrier()
-
-    def _finish(self) -> None:
-        if self.dist.active:
-            import torch.distributed as dist
-
-            dist.barrier()
-            dist.destroy_process_group()
-
 
 def train(args) -> int:
-    """Run training from parsed arguments (see commands.add_train_arguments)."""
+    """Run training from parsed arguments (see train_cli.add_train_arguments)."""
     return Trainer(args).run()
 
 
-def main(argv: list[str] | None = None) -> None:
-    """`python -m glassformer.train ...` (the torchrun entry point): same options as `glassformer train`."""
-    import argparse
-
-    from .commands import add_train_arguments
-
-    parser = argparse.ArgumentParser(prog="python -m glassformer.train", description=__doc__.splitlines()[0])
-    add_train_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        code = train(args)
-    except UsageError as error:
-        print(f"glassformer train: error: {error}", file=sys.stderr)
-        code = 2
-    except KeyboardInterrupt:
-        print("glassformer train: interrupted", file=sys.stderr)
-        code = 130
-    sys.exit(code)
-
-
-__all__ = ["RECIPES", "Recipe", "Trainer", "main", "noam_lr", "prepare_data", "train"]
+__all__ = ["Data", "Recipe", "Trainer", "build_source_tokenizer", "estimate_line", "main", "noam_lr",
+           "noam_schedule", "prepare_data", "train"]
