@@ -1,6 +1,6 @@
 """The three systems, each written from its own public API the ordinary way a user would write it.
 
-- glassformer: `Transformer.loss` for training; decoding through `glassformer.inference.StepDecoder`
+- glassformer: `Transformer.loss` for training; decoding through `glassformer.inference.prepare(model)`
   (`encode` / `new_cache` / `decode_step`) under the project's thread policy.
 - torch: `torch.nn.Transformer` with its own embeddings, sinusoidal positions, tied generator and masks
   (the PyTorch translation tutorial's shape); decoding recomputes the whole prefix each step.
@@ -134,10 +134,10 @@ class Glassformer(System):
 
     @property
     def decoder(self):
-        """glassformer.inference's StepDecoder over the decoding model (built once: its weights stay fixed)."""
+        """glassformer.inference.prepare of the decoding model (built once: its weights stay fixed)."""
         if getattr(self, "_decoder", None) is None:
-            from glassformer.inference import StepDecoder
-            self._decoder = StepDecoder(self.fresh)
+            from glassformer.inference import prepare
+            self._decoder = prepare(self.fresh)
         return self._decoder
 
     @staticmethod

@@ -1,6 +1,5 @@
 """The benchmarks compare like with like, their arithmetic is right, and the speed-ups keep the numbers."""
 
-import math
 
 import pytest
 import torch
@@ -19,7 +18,6 @@ from benchmarks.work import (
 )
 
 from glassformer.model import ModelConfig, Transformer
-from glassformer.model.packing import Rows
 
 TINY = Spec(vocab=60, d_model=16, heads=2, d_ff=32, layers=2, dropout=0.0, max_len=64)
 
@@ -172,29 +170,7 @@ def test_gpu_flops_count_is_six_per_weight_per_token_plus_attention():
 
 
 # ---- the speed-ups keep the numbers ------------------------------------------------------------------------
-@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "relative", "rope"])
-@pytest.mark.parametrize("norm", ["post", "pre"])
-def test_packed_loss_and_gradients_equal_padded(positions, norm):
-    cfg = ModelConfig.tiny(src_vocab=40, tgt_vocab=50, positions=positions, norm_placement=norm)
-    model = Transformer(cfg).double()
-    src = torch.randint(4, 40, (4, 7))
-    src[1, 4:] = PAD
-    src[3, :] = PAD                                                      # a source with no token at all
-    tgt_in, labels = torch.randint(4, 50, (4, 6)), torch.randint(4, 50, (4, 6))
-    tgt_in[0, 3:], labels[0, 3:] = PAD, PAD
-    labels[2, 1] = PAD                                                   # a PAD label inside a sentence
-    losses, grads = [], []
-    for packed in (False, True):
-        total, n = model.loss(src, tgt_in, labels, label_smoothing=0.1, packed=packed)
-        losses.append((float(total.detach()), n))
-        grads.append(torch.autograd.grad(total, list(model.parameters())))
-    assert losses[0][1] == losses[1][1] == int((labels != PAD).sum())
-    assert math.isclose(losses[0][0], losses[1][0], rel_tol=1e-12)
-    for a, b in zip(*grads, strict=True):
-        assert torch.allclose(a, b, atol=1e-12)
-
-
-def test_packed_loss_on_the_glass_path_equals_the_fast_path():
+def test_loss_on_the_glass_path_equals_the_fast_path():
     model = Transformer(ModelConfig.tiny(src_vocab=30, tgt_vocab=30)).double()
     src, tgt = torch.randint(4, 30, (3, 5)), torch.randint(4, 30, (3, 4))
     src[0, 3:], tgt[1, 2:] = PAD, PAD
@@ -203,13 +179,3 @@ def test_packed_loss_on_the_glass_path_equals_the_fast_path():
         if hasattr(module, "path"):
             module.path = "glass"
     assert torch.allclose(model.loss(src, tgt, tgt)[0], fast, atol=1e-12)
-
-
-def test_rows_pack_and_unpack_are_inverse():
-    keep = torch.tensor([[True, True, False], [False, True, True]])
-    rows = Rows(keep)
-    x = torch.arange(12.0).view(2, 3, 2)
-    packed = rows.pack(x)
-    assert packed.tolist() == [[0, 1], [2, 3], [8, 9], [10, 11]]
-    assert rows.positions.tolist() == [0, 1, 1, 2]
-    assert torch.equal(rows.unpack(packed), x * keep[..., None])

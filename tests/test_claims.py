@@ -64,42 +64,31 @@ def test_a_crashing_check_is_a_failure(monkeypatch):
 
 # ---- plausible bugs; the guarding checks must fail ------------------------------------------------
 # Most are written as hooks: run_check(id, interventions) attaches them (model.intervene) to every model
-# the check builds. The lesson's BLOCK runs through trace spec v1, which builds its own layer: the bugs
-# that must reach it replace the attention function or LayerNorm themselves.
+# and layer the check builds, the lesson's BLOCK (trace spec v1) included. LayerNorm and the causal mask,
+# which have no hook point of their own, are replaced as functions.
 
-def _buggy_attend(bug: str):
-    """The math backend with one mistake; it still passes every value through the head hook points."""
-    def attend_math(q, k, v, mask=None, bias=None, *, scale=True, dropout=0.0, heads=None):
-        def hook(part, x):
-            return x if heads is None else attention_module._per_head(heads, part, x)
-        q, k, v = hook("q", q), hook("k", k), hook("v", v)
-        scores = hook("scores", q @ k.transpose(-2, -1))                     # (batch, heads, query, key)
-        root = math.sqrt(q.size(-1)) if scale else 1.0
-        scaled = scores if bug == "scale_after_softmax" else scores / root
-        if bias is not None:
-            scaled = scaled + bias
-        if mask is not None:
-            scaled = scaled.masked_fill(~mask, float("-inf"))
-        scaled = hook("scaled_scores", scaled)
-        if bug == "scale_after_softmax":
-            weights = torch.softmax(scaled, dim=-1) / root                   # probabilities divided afterwards
-        else:                                                                # softmax along the query axis
-            weights = torch.nan_to_num(torch.softmax(scaled, dim=-2))
-        weights = hook("weights", weights)
-        return hook("output", weights @ v)
-    return attend_math
+def _scale_after_softmax(scaled, d_k):                                      # softmax(QKᵀ) / √d_k
+    return torch.nan_to_num(torch.softmax(scaled * math.sqrt(d_k), dim=-1)) / math.sqrt(d_k)
 
 
-def test_scale_after_softmax_is_caught(monkeypatch):
-    monkeypatch.setattr(attention_module, "attend_math", _buggy_attend("scale_after_softmax"))
+def _softmax_over_queries(scaled, d_k):
+    return torch.nan_to_num(torch.softmax(scaled, dim=-2))
+
+
+def test_scale_after_softmax_is_caught():
     for claim_id in ("A4", "B3", "A3"):
-        assert not run_check(claim_id).passed, claim_id
+        assert _caught(claim_id, _rewrite_weights(_scale_after_softmax)), claim_id
 
 
-def test_softmax_over_queries_is_caught(monkeypatch):
-    monkeypatch.setattr(attention_module, "attend_math", _buggy_attend("query_axis"))
-    for claim_id in ("A2", "A3", "B3"):
-        assert not run_check(claim_id).passed, claim_id
+def test_softmax_over_queries_is_caught():
+    for claim_id in ("A2", "A3", "B3", "D3"):
+        assert _caught(claim_id, _rewrite_weights(_softmax_over_queries)), claim_id
+
+
+def test_the_right_formula_written_as_the_same_hooks_passes():
+    right = _rewrite_weights(lambda scaled, d_k: torch.nan_to_num(torch.softmax(scaled, dim=-1)))
+    for claim_id in ("A2", "A3", "A4", "B3"):
+        assert run_check(claim_id, right).passed, claim_id
 
 
 def test_layer_norm_across_positions_is_caught(monkeypatch):
@@ -178,21 +167,6 @@ def _rewrite_weights(bug):
         head = name.rsplit(".", 1)[0]
         return bug(seen[f"{head}.scaled_scores"], seen[f"{head}.q"].size(-1))
     return {"*.head.*.q": keep, "*.head.*.scaled_scores": keep, "*.head.*.weights": rewrite}
-
-
-def test_scale_after_softmax_written_as_a_hook_is_caught():
-    def after(scaled, d_k):                                                  # softmax(QKᵀ) / √d_k
-        return torch.nan_to_num(torch.softmax(scaled * math.sqrt(d_k), dim=-1)) / math.sqrt(d_k)
-    assert _caught("A3", _rewrite_weights(after))
-    right = _rewrite_weights(lambda scaled, d_k: torch.nan_to_num(torch.softmax(scaled, dim=-1)))
-    assert run_check("A3", right).passed                                      # the same hooks, the right formula
-
-
-def test_softmax_over_queries_written_as_a_hook_is_caught():
-    def over_queries(scaled, d_k):
-        return torch.nan_to_num(torch.softmax(scaled, dim=-2))
-    for claim_id in ("A3", "D3"):
-        assert _caught(claim_id, _rewrite_weights(over_queries)), claim_id
 
 
 def test_causal_mask_off_by_one_written_as_a_hook_is_caught():

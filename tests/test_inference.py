@@ -1,4 +1,4 @@
-"""glassformer.inference against the reference model/ path: same tokens, logits equal to float rounding."""
+"""glassformer.inference.prepare against the model itself: same tokens, logits equal to float rounding."""
 
 import pytest
 import torch
@@ -8,16 +8,15 @@ from glassformer.inference import (
     ONEDNN,
     SERIAL_MAX_ROWS,
     PreparedLinear,
-    StaticCache,
-    StepDecoder,
     decoding_threads,
+    prepare,
     training_threads,
     use_threads,
 )
-from glassformer.model import ModelConfig, Transformer
-from glassformer.translation.search import beam_search, greedy
+from glassformer.model import KVCache, ModelConfig, Transformer, probes
 
 POSITIONS = ["sinusoidal", "learned", "relative", "rope", "none"]
+EOS = 2
 
 
 def model(**kw) -> Transformer:
@@ -33,12 +32,36 @@ def source(b=6, s=7):
     return src
 
 
-def stepped(decoder, m, src, tgt):
+def stepped(decoder, src, tgt, cache=None):
+    """Teacher-forced, one decode_step per target row: (batch, tgt, vocab)."""
     with torch.no_grad():
-        memory = m.encode(src)
-        cache = decoder.new_cache()
+        memory = decoder.encode(src)
+        cache = decoder.new_cache() if cache is None else cache
         return torch.cat([decoder.decode_step(tgt[:, i:i + 1], memory, src == 0, cache)
-                          for i in range(tgt.size(1))], 1)                  # (batch, tgt, vocab)
+                          for i in range(tgt.size(1))], 1)
+
+
+def argmax_walk(decoder, src, steps, eos=EOS):
+    """Greedy by hand: every row starts from BOS; a row that emits `eos` leaves the batch (cache.reorder
+    with a shorter index). Returns each row's tokens, EOS included."""
+    out = [[] for _ in range(src.size(0))]
+    alive = torch.arange(src.size(0))
+    with torch.no_grad():
+        memory, src_pad = decoder.encode(src), src == 0
+        cache = decoder.new_cache()
+        tokens = torch.full((src.size(0), 1), 1)
+        for _ in range(steps):
+            nxt = decoder.decode_step(tokens, memory, src_pad, cache)[:, -1].argmax(-1)   # (alive,)
+            for row, t in zip(alive.tolist(), nxt.tolist(), strict=True):
+                out[row].append(t)
+            keep = (nxt != eos).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            if keep.numel() < alive.numel():
+                cache.reorder(keep)
+                alive, memory, src_pad, nxt = alive[keep], memory[keep], src_pad[keep], nxt[keep]
+            tokens = nxt[:, None]
+    return out
 
 
 @pytest.mark.slow
@@ -46,42 +69,110 @@ def stepped(decoder, m, src, tgt):
 @pytest.mark.parametrize("norm", ["post", "pre"])
 @pytest.mark.parametrize("onednn", [False, ONEDNN])
 @pytest.mark.parametrize("rows", [1, 6])                                   # few rows: W^T; from 4: blocked W
-def test_step_logits_equal_the_model_path(positions, norm, onednn, rows):
+def test_prepared_logits_equal_the_model(positions, norm, onednn, rows):
     m = model(positions=positions, norm_placement=norm, d_k=6, d_v=10)
     src = source()[:rows]
     tgt = torch.randint(4, 50, (rows, 9), generator=torch.Generator().manual_seed(2))
-    want = stepped(m, m, src, tgt)
-    got = stepped(StepDecoder(m, onednn=onednn), m, src, tgt)
+    want = stepped(m, src, tgt)
+    got = stepped(prepare(m, onednn=onednn), src, tgt)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
     assert (want - want.mean()).abs().max() > 1e-2                          # the logits are not trivially equal
+    with torch.no_grad():                                                   # teacher forcing, too
+        torch.testing.assert_close(prepare(m, onednn=onednn)(src, tgt), m(src, tgt), atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("positions", POSITIONS)
-@pytest.mark.parametrize("norm", ["post", "pre"])
-def test_greedy_and_beam_tokens_are_identical(positions, norm):
-    m = model(positions=positions, norm_placement=norm)
+# an EOS bias under which greedy rows of `source()` finish at different steps (checked below)
+EOS_BIAS = {("sinusoidal", "post"): 2.5, ("sinusoidal", "pre"): 2.5, ("relative", "post"): 2.0,
+            ("relative", "pre"): 1.5}
+
+
+@pytest.mark.parametrize("positions,norm", sorted(EOS_BIAS))
+def test_greedy_tokens_are_identical_with_rows_leaving(positions, norm):
+    m = model(positions=positions, norm_placement=norm, tie_target=False, head_bias=True)
+    with torch.no_grad():
+        m.head.bias[EOS] = EOS_BIAS[positions, norm]
     src = source()
-    decoder = StepDecoder(m)
-    assert greedy(decoder, src, max_len=12) == greedy(m, src, max_len=12)
-    assert beam_search(decoder, src, beam=3, max_len=12) == beam_search(m, src, beam=3, max_len=12)
-    assert greedy(decoder, src[:1], max_len=12) == greedy(m, src[:1], max_len=12)
+    want = argmax_walk(m, src, 12)
+    assert want == argmax_walk(prepare(m), src, 12)
+    assert want == argmax_walk(prepare(m, onednn=False), src, 12)
+    ends = {len(row) for row in want if row[-1] == EOS}
+    assert len(ends) >= 2                                                   # rows finished at different steps
+    for i in range(src.size(0)):                                            # and each as it decodes alone
+        assert argmax_walk(prepare(m), src[i:i + 1], 12)[0] == want[i]
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "relative", "rope"])
+def test_beam_like_reordering_keeps_the_parents_rows(positions):
+    """Each step keeps rows `parents` (repeats, swaps, fewer rows): logits equal a fresh teacher-forced run
+    of each kept row's own history."""
+    m = model(positions=positions)
+    src = source()[[0, 0, 1, 1]]
+    g = torch.Generator().manual_seed(3)
+    for decoder in (m, prepare(m)):
+        history = torch.full((4, 1), 1)
+        with torch.no_grad():
+            memory, src_pad = decoder.encode(src), src == 0
+            cache, rows = decoder.new_cache(), torch.arange(4)
+            for step in range(5):
+                logits = decoder.decode_step(history[:, -1:], memory, src_pad, cache)[:, -1]
+                want = m(src[rows], history)[:, -1]
+                torch.testing.assert_close(logits, want, atol=2e-5, rtol=1e-5)
+                parents = torch.randint(0, len(rows), (len(rows) - (step == 2),), generator=g)
+                cache.reorder(parents)
+                rows, memory, src_pad = rows[parents], memory[parents], src_pad[parents]
+                history = torch.cat([history[parents], logits[parents].argmax(-1, keepdim=True)], 1)
+
+
+def test_kv_cache_reorder_keeps_the_right_rows_and_drops_the_others():
+    mha = torch.nn.Module()                                                 # any module names its buffers
+    cache = KVCache(capacity=8)
+    for step in range(2):
+        row = torch.arange(3.0).view(3, 1, 1, 1).expand(3, 2, 1, 4) + 10 * step
+        cache.update(mha, row, row)
+        cache.advance(1)
+    cache.reorder(torch.tensor([2, 2, 0]))                                  # beams: same batch
+    k, _ = cache.update(mha, torch.zeros(3, 2, 1, 4), torch.zeros(3, 2, 1, 4))
+    assert k[:, 0, :, 0].tolist() == [[2.0, 12.0, 0.0], [2.0, 12.0, 0.0], [0.0, 10.0, 0.0]]
+    cache.reorder(torch.tensor([2]))                                        # two sentences left the batch
+    assert cache.k[mha].shape == (1, 2, 8, 4) and cache.k[mha][0, 0, :2, 0].tolist() == [0.0, 10.0]
+
+
+def test_kv_cache_grows_past_its_capacity():
+    m = model(positions="rope")
+    src, tgt = source()[:2], torch.randint(4, 50, (2, 5))
+    want = stepped(m, src, tgt)
+    cache = m.new_cache(capacity=2)                                         # smaller than the target
+    torch.testing.assert_close(stepped(prepare(m), src, tgt, cache=cache), want, atol=2e-5, rtol=1e-5)
+    assert cache.length == 5 and all(t.size(2) >= 5 for t in cache.k.values())
 
 
 def test_a_source_of_only_pad_reads_zeros_from_cross_attention():
-    m = model()
+    fast = prepare(model())
+    seen = []
+    w_o = fast.decoder.layers[0].cross_attention.w_o
+    w_o.register_forward_pre_hook(lambda module, args: seen.append(args[0].clone()))
     src = source()
-    decoder = StepDecoder(m)
-    calls = []
     with torch.no_grad():
-        memory = m.encode(src)
-        cache = decoder.new_cache()
-        original = decoder._cross_attention
-        decoder._cross_attention = lambda *a: calls.append((out := original(*a)).clone()) or out  # summed in place
-        decoder.decode_step(torch.ones(6, 1, dtype=torch.long), memory, src == 0, cache)
-    bias = m.decoder.layers[0].cross_attention.w_o.bias
-    assert torch.allclose(calls[0][2], bias) and not torch.allclose(calls[0][0], bias)
+        fast.decode_step(torch.ones(6, 1, dtype=torch.long), fast.encode(src), src == 0, fast.new_cache())
+    concat = seen[0][:, 0]                                                  # (batch, H*d_v) before W^O
+    assert torch.all(concat[2] == 0) and concat[0].abs().max() > 0
+
+
+def test_prepare_fires_no_hooks_and_leaves_the_model_alone():
+    m = model(attention_path="glass")
+    src, tgt = source(), torch.randint(4, 50, (6, 4))
+    with probes(m, "*") as rec:                                             # attached while preparing
+        fast = prepare(m)
+        with torch.no_grad():
+            fast(src, tgt)
+    assert len(rec) == 0 and fast.hook_names() == []
+    with pytest.raises(KeyError, match="head.0.weights"):
+        with fast.intervene({"decoder.0.self_attention.head.0.weights": lambda v, n: v}):
+            pass
+    assert m.encoder.layers[0].self_attention.w_q.weight.requires_grad     # the model itself is untouched
+    assert m.encoder.layers[0].self_attention.path == "glass" and m.hook_names()
+    assert not any(p.requires_grad for p in fast.parameters())
 
 
 @pytest.mark.parametrize("shape", [(48, 16), (16, 48), (16, 16)])
@@ -92,29 +183,6 @@ def test_prepared_linear_equals_f_linear(shape, rows, onednn):
     for bias in (b, None):
         torch.testing.assert_close(PreparedLinear(w, bias, onednn)(x), F.linear(x, w, bias), atol=1e-5, rtol=1e-5)
     assert (PreparedLinear(w, b, onednn).wt is None) == (shape[0] < shape[1])   # W^T only for wide W
-
-
-def test_static_cache_reorders_only_the_written_rows():
-    cache = StaticCache(n_layers=1, capacity=8)
-    like = torch.zeros(1)
-    cache.allocate(3, 2, 4, 4, like)
-    for step in range(2):
-        row = torch.arange(3.0).view(3, 1, 1, 1).expand(3, 2, 1, 4) + 10 * step
-        cache.append(0, row, row)
-        cache.length += 1
-    cache.reorder(torch.tensor([2, 2, 0]))                                  # beams: same batch
-    k, _ = cache.append(0, torch.zeros(3, 2, 1, 4), torch.zeros(3, 2, 1, 4))
-    assert k[:, 0, :, 0].tolist() == [[2.0, 12.0, 0.0], [2.0, 12.0, 0.0], [0.0, 10.0, 0.0]]
-    cache.reorder(torch.tensor([1]))                                        # a sentence left: new batch
-    assert cache.k[0].shape == (1, 2, 8, 4) and cache.k[0][0, 0, :2, 0].tolist() == [2.0, 12.0]
-
-
-def test_static_cache_grows_past_its_capacity():
-    m = model(positions="rope")
-    src, tgt = source()[:2], torch.randint(4, 50, (2, 5))
-    decoder = StepDecoder(m)
-    decoder.new_cache = lambda: StaticCache(len(decoder.layers), 2)         # smaller than the target
-    torch.testing.assert_close(stepped(decoder, m, src, tgt), stepped(m, m, src, tgt), atol=2e-5, rtol=1e-5)
 
 
 def test_thread_policy():
@@ -142,7 +210,7 @@ def test_the_model_package_holds_no_speed_tricks():
 
     import glassformer.model as package
     text = "\n".join(p.read_text() for p in pathlib.Path(package.__file__).parent.glob("*.py"))
-    assert not re.search(r"mkldnn|set_num_threads", text)
+    assert not re.search(r"mkldnn|set_num_threads|PreparedLinear", text)
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
@@ -150,5 +218,4 @@ def test_encoder_on_prepared_weights_equals_the_model_encoder(norm):
     m = model(norm_placement=norm, positions="relative")
     src = source()
     with torch.no_grad():
-        torch.testing.assert_close(StepDecoder(m).encode(src), m.encode(src), atol=1e-5, rtol=1e-5)
-        assert m.encoder.layers[0].self_attention.w_q.weight.requires_grad   # the model itself is untouched
+        torch.testing.assert_close(prepare(m).encode(src), m.encode(src), atol=1e-5, rtol=1e-5)

@@ -5,7 +5,6 @@ import torch
 from torch import nn
 
 from glassformer.model import DecoderLayer, EncoderLayer, ModelConfig, Transformer, causal_mask
-from glassformer.model.masks import to_blocked
 
 D, H, FF = 16, 4, 40
 
@@ -84,7 +83,7 @@ def test_decoder_layer_matches_torch(norm, path):
     y = torch.randn(3, 5, D, dtype=torch.float64)
     tri = causal_mask(5)
     with torch.no_grad():
-        expected = theirs(y, memory, tgt_mask=to_blocked(tri), memory_key_padding_mask=mem_pad)
+        expected = theirs(y, memory, tgt_mask=~tri, memory_key_padding_mask=mem_pad)
         got = ours(y, memory, None, (~mem_pad)[:, None, None, :], causal=True)
     assert torch.allclose(got, expected, atol=1e-10, rtol=0)
 
@@ -104,7 +103,7 @@ def test_whole_nn_transformer_matches(norm):
     src, src_pad = padded_batch(3, 7)
     tgt = torch.randn(3, 6, D, dtype=torch.float64)
     with torch.no_grad():
-        expected = theirs(src, tgt, tgt_mask=to_blocked(causal_mask(6)), src_key_padding_mask=src_pad,
+        expected = theirs(src, tgt, tgt_mask=~causal_mask(6), src_key_padding_mask=src_pad,
                           memory_key_padding_mask=src_pad)
         memory = ours.encoder(src, src_pad)
         got = ours.decoder(tgt, memory, src_pad)

@@ -59,12 +59,14 @@ def test_walk_inputs_of_an_output_cut_at_the_models_limit_fit_the_model():
 
 @pytest.mark.slow
 def test_the_labs_sentence_view_reads_a_greedy_output_cut_at_the_models_limit(monkeypatch):
-    import glassformer.lab.api as api_module
+    import glassformer.translation.explain as explain_module
     from glassformer.lab.api import LabAPI, untrained_model
+    from glassformer.translation.search import Hypothesis
 
     lab = untrained_model()
     limit = lab.model.cfg.max_len
-    monkeypatch.setattr(api_module, "greedy", lambda model, src, *a, **k: [[7] * limit])   # never chose EOS
+    cut = Hypothesis([7] * limit, 0.0, 0.0, finished=False)                 # never chose EOS
+    monkeypatch.setattr(explain_module, "generate", lambda model, src, *a, **k: [[cut]])
     out = LabAPI(lab).sentence({"source": "／".join(["我"] * limit)})
     assert out["finished"] is False and len(out["target_ids"]) == limit
     last = out["next_tokens"][-1]

@@ -65,8 +65,8 @@ with torch.no_grad():
         probs = torch.softmax(logits.double(), dim=-1)
         top = torch.topk(probs, 2)
         token = int(top.indices[0])
-        k_self = cache.layers[0].self.get()[0]                            # (batch, heads, cached, d_k)
-        k_cross = cache.layers[0].cross.get()[0]                          # (batch, heads, src, d_k)
+        k_self = cache.k[model.decoder.layers[0].self_attention][:, :, :cache.length]   # (batch, heads, cached, d_k)
+        k_cross = cache.cross[model.decoder.layers[0].cross_attention][0]              # (batch, heads, src, d_k)
         lengths.append(cache.length)
         print(f"step {step:2d}  {lab.piece(token):>10s} p={float(top.values[0]):.3f}   "
               f"2nd {lab.piece(int(top.indices[1])):>10s} p={float(top.values[1]):.3f}   "

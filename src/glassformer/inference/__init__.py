@@ -1,17 +1,16 @@
-"""Speed applied on purpose: the same decoding as `glassformer.model`, faster on the CPU.
+"""Speed applied on purpose: `prepare(model)`, the same decoding as `glassformer.model`, faster on the CPU.
 
-    decoder = StepDecoder(model)          # prepared weights, static KV cache, one-query steps
-    greedy(decoder, src)                  # translation.decode works with either the model or this
+    fast = prepare(model)                 # a copy: prepared weights, no hooks, SDPA
+    greedy(fast, src)                     # translation works with either the model or its prepared copy
 
-`model/` stays the reference: tests hold this package's tokens identical and its logits equal to
+`model/` stays the reference: tests hold the prepared copy's tokens identical and its logits equal to
 float rounding (tests/test_inference.py). The thread policy (threads.py) is decided once per entry
 point by the CLI, the lab, training and the benchmarks; nothing here changes it inside a forward.
 """
 
-from .cache import StaticCache
-from .step import StepDecoder
+from .prepare import prepare
 from .threads import SERIAL_MAX_ROWS, decoding_threads, serving_threads, training_threads, use_threads
 from .weights import ONEDNN, PreparedLinear
 
-__all__ = ["StaticCache", "StepDecoder", "SERIAL_MAX_ROWS", "decoding_threads", "serving_threads",
-           "training_threads", "use_threads", "ONEDNN", "PreparedLinear"]
+__all__ = ["prepare", "SERIAL_MAX_ROWS", "decoding_threads", "serving_threads", "training_threads",
+           "use_threads", "ONEDNN", "PreparedLinear"]

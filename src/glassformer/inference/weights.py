@@ -3,9 +3,9 @@
 nn.Linear stores W as (out, in). A decoding step multiplies a handful of rows, so each product streams
 all of W; a wide W (out >= in: W^Q|W^K|W^V, W_1, the vocabulary head) streams about twice as fast from a
 contiguous copy of W^T (in, out). From PACKED_MIN_ROWS rows on (batched decoding), oneDNN's pre-blocked
-copy of W is faster still: MKL would re-block W on every call. The copies are made once, when a
-StepDecoder is built, from the model's weights at that moment (build a new one after training changes
-them). The numbers are the same product summed in another order: float rounding only.
+copy of W is faster still: MKL would re-block W on every call. The copies are made once, by
+`prepare(model)`, from the model's weights at that moment (prepare again after training changes them).
+The numbers are the same product summed in another order: float rounding only.
 
 oneDNN's pre-packing has no public eager API (torch.compile's inductor freezing reaches it, but compiling
 was slower at batch 1 on this model, docs/performance.md), so the private ops are used only when

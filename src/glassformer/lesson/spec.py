@@ -7,10 +7,11 @@ transpose of `nn.Linear.weight`). Masks: true = may attend. Padding flags: true 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
+from torch import nn
 
 from ..model.attention import CrossAttention, MultiHeadAttention
 from ..model.config import ModelConfig
@@ -105,7 +106,7 @@ def _switched_off(value: torch.Tensor, name: str) -> torch.Tensor:
     return torch.zeros_like(value)
 
 
-def _run_block(spec: dict) -> dict:
+def _run_block(spec: dict, attach: Callable[[nn.Module], nn.Module] | None) -> dict:
     kind = spec["kind"]
     cfg = _config(spec, spec["self_attention"])
     decoder = kind == "decoder_block"
@@ -117,6 +118,8 @@ def _run_block(spec: dict) -> dict:
     else:
         layer = EncoderLayer(cfg)
     layer = layer.double().eval()
+    if attach is not None:
+        layer = attach(layer)                                               # hooks attached before the probes
     _load_attention(layer.self_attention, spec["self_attention"])
     if decoder:
         _load_attention(layer.cross_attention, spec["cross_attention"])
@@ -159,12 +162,13 @@ def _run_block(spec: dict) -> dict:
     return result
 
 
-def run_spec(doc: Any) -> dict:
+def run_spec(doc: Any, attach: Callable[[nn.Module], nn.Module] | None = None) -> dict:
     """Validate a trace-spec v1 document and compute every intermediate with the model's layers in float64.
 
-    Returns plain JSON: lists of floats, None (null) for masked scaled scores.
+    Returns plain JSON: lists of floats, None (null) for masked scaled scores. `attach` is called with
+    the block's layer once it is built (the claims use it to plant a bug through the hook points).
     """
     spec = validate_spec(doc)
     if spec["kind"] == "attention":
         return _run_attention(spec)
-    return _run_block(spec)
+    return _run_block(spec, attach)

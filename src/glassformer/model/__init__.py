@@ -1,25 +1,18 @@
 """The Transformer itself: config -> masks/positions/hooks -> attention -> layers -> transformer."""
 
-from .attention import CrossAttention, KVCache, MultiHeadAttention, SelfAttention, attend_math, attend_sdpa
+from .attention import CrossAttention, MultiHeadAttention, SelfAttention, attend_math, attend_sdpa
+from .cache import KVCache
 from .config import PRESETS, ModelConfig
 from .hooks import HookPoint, Recording, hook_names, intervene, probes
-from .layers import DecoderLayer, EncoderLayer, FeedForward, LayerCache, ResidualNorm
+from .layers import DecoderLayer, EncoderLayer, FeedForward, ResidualNorm
 from .masks import causal_mask, combine, loss_mask, padding_mask
 from .positions import LearnedPositions, RelativePositionBias, RotaryEmbedding, sinusoidal_positions
-from .transformer import (
-    Decoder,
-    DecoderCache,
-    DecoderOnlyModel,
-    Encoder,
-    EncoderOnlyModel,
-    Transformer,
-    build_model,
-)
+from .transformer import Decoder, DecoderOnlyModel, Encoder, EncoderOnlyModel, Transformer, build_model
 
 __all__ = [
     "CrossAttention", "KVCache", "MultiHeadAttention", "SelfAttention", "attend_math", "attend_sdpa", "PRESETS",
     "ModelConfig", "HookPoint", "Recording", "hook_names", "intervene", "probes", "DecoderLayer", "EncoderLayer",
-    "FeedForward", "LayerCache", "ResidualNorm", "causal_mask", "combine", "loss_mask", "padding_mask",
+    "FeedForward", "ResidualNorm", "causal_mask", "combine", "loss_mask", "padding_mask",
     "LearnedPositions", "RelativePositionBias", "RotaryEmbedding", "sinusoidal_positions", "Decoder",
-    "DecoderCache", "DecoderOnlyModel", "Encoder", "EncoderOnlyModel", "Transformer", "build_model",
+    "DecoderOnlyModel", "Encoder", "EncoderOnlyModel", "Transformer", "build_model",
 ]

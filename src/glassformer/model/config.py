@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import typing
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -13,13 +14,22 @@ from .. import limits
 from ..errors import UsageError
 from ..validation import validate
 
-NORMS = ("post", "pre")
-ACTIVATIONS = ("relu", "silu")
-POSITION_LAYOUTS = ("interleaved", "halves")
-POSITIONS = ("sinusoidal", "learned", "relative", "rope", "none")
-FAMILIES = ("encoder-decoder", "encoder-only", "decoder-only")
-ATTENTION_PATHS = ("fast", "glass")
 EARLIER_LAYOUT_FIELDS = ("norm", "extra")   # written by glassformer 0.1's layout (fused projections, `generator`)
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A field's bound in glassformer.limits (a constant's name), lifted by --no-limits."""
+
+    name: str
+
+
+# the field types: pydantic checks the constraints (strictly: no "128" for 128, no true for 1), Limit the limits
+Size = Annotated[int, Field(gt=0)]                              # a positive integer
+Count = Annotated[int, Field(ge=0)]                             # a non-negative integer
+Rate = Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)]   # a probability in [0, 1)
+Positive = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]       # a finite positive number
+Id = Annotated[int, Field(ge=0)]                                # a token id (below tgt_vocab: checked after)
 
 
 class ConfigError(UsageError):
@@ -30,80 +40,44 @@ class ConfigError(UsageError):
 class ModelConfig:
     """Sizes and switches of a glassformer model; defaults follow the 2017 paper (post-norm, sinusoidal)."""
 
-    src_vocab: int = 1000          # source vocabulary size (encoder embedding rows)
-    tgt_vocab: int = 1000          # target vocabulary size (decoder embedding rows, logits)
-    d_model: int = 512             # model width d
-    heads: int = 8                 # attention heads H
-    d_k: int | None = None         # per-head query/key width (default d_model // heads)
-    d_v: int | None = None         # per-head value width (default d_model // heads)
-    d_ff: int = 2048               # FeedForward inner width
-    encoder_layers: int = 6
-    decoder_layers: int = 6
-    dropout: float = 0.1           # on every sub-layer output (before the residual) and on embeddings
-    attention_dropout: float = 0.0 # on attention weights (not in the 2017 paper; off by default)
-    norm_placement: str = "post"   # "post": LN(x + Sub(x)) (2017) | "pre": x + Sub(LN(x))
+    src_vocab: Annotated[Size, Limit("MAX_VOCAB")] = 1000     # source vocabulary size (encoder embedding rows)
+    tgt_vocab: Annotated[Size, Limit("MAX_VOCAB")] = 1000     # target vocabulary size (decoder embedding, logits)
+    d_model: Annotated[Size, Limit("MAX_D_MODEL")] = 512      # model width d
+    heads: Annotated[Size, Limit("MAX_HEADS")] = 8            # attention heads H
+    d_k: Annotated[Size, Limit("MAX_D_FF")] | None = None     # per-head query/key width (default d_model // heads)
+    d_v: Annotated[Size, Limit("MAX_D_FF")] | None = None     # per-head value width (default d_model // heads)
+    d_ff: Annotated[Size, Limit("MAX_D_FF")] = 2048           # FeedForward inner width
+    encoder_layers: Annotated[Count, Limit("MAX_LAYERS")] = 6
+    decoder_layers: Annotated[Count, Limit("MAX_LAYERS")] = 6
+    dropout: Rate = 0.1            # on every sub-layer output (before the residual) and on embeddings
+    attention_dropout: Rate = 0.0  # on attention weights (not in the 2017 paper; off by default)
+    norm_placement: Literal["post", "pre"] = "post"   # "post": LN(x + Sub(x)) (2017) | "pre": x + Sub(LN(x))
     final_norm: bool | None = None # LN after each stack; None = only for pre-norm (nn.Transformer: True)
-    eps: float = 1e-5              # LayerNorm epsilon
-    positions: str = "sinusoidal"  # sinusoidal | learned | relative | rope | none
-    max_len: int = 256             # longest sequence the position scheme accepts
-    relative_clip: int = 16        # relative bias: offsets clipped to [-clip, clip]
-    rope_base: float = 10000.0     # RoPE frequency base
+    eps: Positive = 1e-5           # LayerNorm epsilon
+    positions: Literal["sinusoidal", "learned", "relative", "rope", "none"] = "sinusoidal"
+    max_len: Annotated[Size, Limit("MAX_LEN")] = 256          # longest sequence the position scheme accepts
+    relative_clip: Annotated[Count, Limit("MAX_LEN")] = 16    # relative bias: offsets clipped to [-clip, clip]
+    rope_base: Positive = 10000.0  # RoPE frequency base
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model) (2017)
     scale_scores: bool = True      # divide scores by sqrt(d_k) before the softmax (2017)
-    position_layout: str = "interleaved"  # sinusoidal channels: sin/cos interleaved (2017) | halves (Marian)
-    activation: str = "relu"       # FeedForward non-linearity: relu (2017) | silu ("swish", OPUS-MT)
+    position_layout: Literal["interleaved", "halves"] = "interleaved"  # sin/cos interleaved (2017) | halves (Marian)
+    activation: Literal["relu", "silu"] = "relu"   # FeedForward non-linearity: relu (2017) | silu ("swish", OPUS-MT)
     bias: bool = True              # biases in the linear projections
     head_bias: bool = False        # a bias on the vocabulary head (Marian's final_logits_bias)
     tie_target: bool = True        # target embedding shares its matrix with the vocabulary head
     share_embeddings: bool = False # source and target embeddings are one matrix (needs src_vocab == tgt_vocab)
-    family: str = "encoder-decoder"
-    attention_path: str = "fast"   # fast: fused SDPA | glass: explicit math, every intermediate
-    pad_id: int = 0                # token id of PAD (used when padding flags are not given)
-    bos_id: int = 1                # the decoder's first input (Marian: its PAD id)
-    eos_id: int = 2                # the token that ends a translation
+    family: Literal["encoder-decoder", "encoder-only", "decoder-only"] = "encoder-decoder"
+    attention_path: Literal["fast", "glass"] = "fast"   # fast: fused SDPA | glass: explicit math, every intermediate
+    pad_id: Id = 0                 # token id of PAD (used when padding flags are not given)
+    bos_id: Id = 1                 # the decoder's first input (Marian: its PAD id)
+    eos_id: Id = 2                 # the token that ends a translation
 
     def __post_init__(self) -> None:
-        _check_types(self)
-        if self.d_k is None:
-            self.d_k = self.d_model // self.heads if self.heads > 0 else 0
-        if self.d_v is None:
-            self.d_v = self.d_model // self.heads if self.heads > 0 else 0
-        self.validate()
-
-    def validate(self) -> None:
-        """Raise ValueError naming the offending field when a size or switch is out of range."""
-        positive = ("src_vocab", "tgt_vocab", "d_model", "heads", "d_k", "d_v", "d_ff", "max_len")
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
-        for name in ("encoder_layers", "decoder_layers", "relative_clip"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"ModelConfig.{name} must be a non-negative integer, got {value!r}")
-        for name in ("dropout", "attention_dropout"):
-            value = getattr(self, name)
-            if not 0.0 <= float(value) < 1.0:
-                raise ValueError(f"ModelConfig.{name} must be in [0, 1), got {value!r}")
-        if not self.eps > 0:
-            raise ValueError(f"ModelConfig.eps must be positive, got {self.eps!r}")
-        choices = {"norm_placement": NORMS, "positions": POSITIONS, "family": FAMILIES,
-                   "attention_path": ATTENTION_PATHS, "activation": ACTIVATIONS, "position_layout": POSITION_LAYOUTS}
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"ModelConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.positions == "rope" and self.d_k % 2:
-            raise ValueError(f"ModelConfig.d_k must be even for rope positions, got {self.d_k}")
-        for name in ("pad_id", "bos_id", "eos_id"):
-            value = getattr(self, name)
-            if not 0 <= value < self.tgt_vocab:
-                raise ValueError(f"ModelConfig.{name} must be a token id in [0, tgt_vocab={self.tgt_vocab}), "
-                                 f"got {value}")
-        if self.share_embeddings and self.src_vocab != self.tgt_vocab:
-            raise ValueError(f"ModelConfig.share_embeddings needs src_vocab == tgt_vocab, got {self.src_vocab} and "
-                             f"{self.tgt_vocab}")
-        if self.family == "encoder-decoder" and (self.encoder_layers == 0 or self.decoder_layers == 0):
-            raise ValueError("ModelConfig.encoder_layers and decoder_layers must be >= 1 for encoder-decoder")
+        if isinstance(self.heads, int) and self.heads > 0 and isinstance(self.d_model, int):
+            self.d_k = self.d_model // self.heads if self.d_k is None else self.d_k
+            self.d_v = self.d_model // self.heads if self.d_v is None else self.d_v
+        _check_fields(self)
+        _check_relations(self)
         _check_limits(self)
 
     @property
@@ -157,19 +131,14 @@ class ModelConfig:
 PRESETS = {"base": ModelConfig.base, "tiny": ModelConfig.tiny}
 
 
-# ---- checks through glassformer.validation and glassformer.limits --------------------------------
-_FINITE = typing.Annotated[float, Field(allow_inf_nan=False)]
-
-
+# ---- checks: each field by its declaration, then what relates fields, then the limits -------------------
 @functools.cache
 def _field_types() -> dict[str, object]:
-    """Each field's declared type (floats must be finite) for the validation layer."""
-    hints = typing.get_type_hints(ModelConfig)
-    return {name: (_FINITE if hint is float else hint) for name, hint in hints.items()}
+    return typing.get_type_hints(ModelConfig, include_extras=True)
 
 
-def _check_types(cfg: ModelConfig) -> None:
-    """Every field has its declared type (no "128" for 128, no true for 1, no "x" for a number)."""
+def _check_fields(cfg: ModelConfig) -> None:
+    """Every field has its declared type and constraints; a ConfigError names the first field that does not."""
     for name, hint in _field_types().items():
         try:
             validate(hint, getattr(cfg, name), f"ModelConfig.{name}", error_type=ConfigError)
@@ -177,9 +146,20 @@ def _check_types(cfg: ModelConfig) -> None:
             raise ConfigError(str(error), name) from None
 
 
-_SIZE_LIMITS = {"d_model": "MAX_D_MODEL", "heads": "MAX_HEADS", "d_k": "MAX_D_FF", "d_v": "MAX_D_FF",
-                "d_ff": "MAX_D_FF", "encoder_layers": "MAX_LAYERS", "decoder_layers": "MAX_LAYERS",
-                "max_len": "MAX_LEN", "relative_clip": "MAX_LEN", "src_vocab": "MAX_VOCAB", "tgt_vocab": "MAX_VOCAB"}
+def _check_relations(cfg: ModelConfig) -> None:
+    """The rules that tie fields together."""
+    if cfg.positions == "rope" and cfg.d_k % 2:
+        raise ConfigError(f"ModelConfig.d_k must be even for rope positions, got {cfg.d_k}", "d_k")
+    for name in ("pad_id", "bos_id", "eos_id"):
+        if getattr(cfg, name) >= cfg.tgt_vocab:
+            raise ConfigError(f"ModelConfig.{name} must be a token id in [0, tgt_vocab={cfg.tgt_vocab}), "
+                              f"got {getattr(cfg, name)}", name)
+    if cfg.share_embeddings and cfg.src_vocab != cfg.tgt_vocab:
+        raise ConfigError(f"ModelConfig.share_embeddings needs src_vocab == tgt_vocab, got {cfg.src_vocab} and "
+                          f"{cfg.tgt_vocab}", "share_embeddings")
+    if cfg.family == "encoder-decoder" and (cfg.encoder_layers == 0 or cfg.decoder_layers == 0):
+        raise ConfigError("ModelConfig.encoder_layers and decoder_layers must be >= 1 for encoder-decoder",
+                          "encoder_layers")
 
 
 def parameter_count(cfg: ModelConfig) -> int:
@@ -194,10 +174,19 @@ def parameter_count(cfg: ModelConfig) -> int:
 
 
 def _check_limits(cfg: ModelConfig) -> None:
-    """Sizes within glassformer.limits (lifted by --no-limits), then the whole model's parameter count."""
+    """Each field's Limit (lifted by --no-limits), then the whole model's parameter count (MAX_PARAMETERS)."""
     try:
-        for name, limit in _SIZE_LIMITS.items():
-            limits.check(f"ModelConfig.{name}", getattr(cfg, name), limit, name)
+        for name, hint in _field_types().items():
+            for bound in _limits_of(hint):
+                limits.check(f"ModelConfig.{name}", getattr(cfg, name), bound.name, name)
         limits.check("ModelConfig: parameters", parameter_count(cfg), "MAX_PARAMETERS")
     except limits.LimitError as error:
         raise ConfigError(str(error), error.field) from None
+
+
+def _limits_of(hint: object) -> list[Limit]:
+    """The Limit markers in a field's annotation (also inside `... | None`)."""
+    found = [m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Limit)]
+    for arg in typing.get_args(hint):
+        found += _limits_of(arg) if arg is not type(None) else []
+    return found

@@ -1,7 +1,11 @@
-"""FeedForward, the residual + LayerNorm placement, EncoderLayer (2 sub-layers), DecoderLayer (3).
+"""The sub-layers and layers of the lesson.
 
-Each layer has one forward: the whole sequence at once, or (with a cache) the newest rows of an
-incremental decoding step; hook points name every value the lesson draws (docs/probes.md).
+    U = LN(X + MHA(X))                  Z = LN(U + FFN(U))                  (post-norm, 2017)
+    FFN(u) = ReLU(u W_1 + b_1) W_2 + b_2, the same weights at every position
+
+An EncoderLayer is those two sub-layers; a DecoderLayer puts cross-attention to the encoder output H
+between them. Each layer has one forward: the whole sequence at once, or (with a KV cache) the newest
+rows of an incremental decoding step; hook points name every value the lesson draws (docs/probes.md).
 """
 
 from __future__ import annotations
@@ -11,34 +15,13 @@ from typing import Callable
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import CrossAttention, KVCache, SelfAttention
+from .attention import CrossAttention, SelfAttention
+from .cache import KVCache
 from .config import ModelConfig
 from .hooks import HookPoint
-from .packing import Rows
 from .positions import RelativePositionBias, RotaryEmbedding
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "silu": F.silu}
-
-
-class FeedForward(nn.Module):
-    """FFN(x) = ReLU(x W_1 + b_1) W_2 + b_2, the same weights at every position, each row alone.
-
-    `activation="silu"` (x * sigmoid(x), "swish" in Marian / OPUS-MT) in place of ReLU.
-    Hook points: `hidden` (.., d_ff), `output` (.., d)."""
-
-    def __init__(self, d_model: int, d_ff: int, bias: bool = True, activation: str = "relu") -> None:
-        super().__init__()
-        self.activation = ACTIVATIONS[activation]
-        self.w_1 = nn.Linear(d_model, d_ff, bias=bias)
-        self.w_2 = nn.Linear(d_ff, d_model, bias=bias)
-        self.hidden = HookPoint()
-        self.output = HookPoint()
-        nn.init.xavier_uniform_(self.w_1.weight)
-        nn.init.xavier_uniform_(self.w_2.weight)
-
-    def forward(self, x: Tensor) -> Tensor:
-        hidden = self.hidden(self.activation(self.w_1(x)))                  # (batch, len, d_ff)
-        return self.output(self.w_2(hidden))                                 # (batch, len, d)
 
 
 class ResidualNorm(nn.Module):
@@ -66,6 +49,27 @@ class ResidualNorm(nn.Module):
         return self.residual(x + self.dropout(sublayer(self.normed(self.layer_norm(x)))))
 
 
+class FeedForward(nn.Module):
+    """FFN(x) = ReLU(x W_1 + b_1) W_2 + b_2, the same weights at every position, each row alone.
+
+    `activation="silu"` (x * sigmoid(x), "swish" in Marian / OPUS-MT) in place of ReLU.
+    Hook points: `hidden` (.., d_ff), `output` (.., d)."""
+
+    def __init__(self, d_model: int, d_ff: int, bias: bool = True, activation: str = "relu") -> None:
+        super().__init__()
+        self.activation = ACTIVATIONS[activation]
+        self.w_1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.w_2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.hidden = HookPoint()
+        self.output = HookPoint()
+        nn.init.xavier_uniform_(self.w_1.weight)
+        nn.init.xavier_uniform_(self.w_2.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        hidden = self.hidden(self.activation(self.w_1(x)))                  # (batch, len, d_ff)
+        return self.output(self.w_2(hidden))                                 # (batch, len, d)
+
+
 def _attention(cfg: ModelConfig) -> SelfAttention:
     rope = RotaryEmbedding(cfg.d_k, cfg.rope_base) if cfg.positions == "rope" else None
     relative = RelativePositionBias(cfg.heads, cfg.relative_clip) if cfg.positions == "relative" else None
@@ -91,24 +95,10 @@ class EncoderLayer(nn.Module):
             ResidualNorm(cfg.d_model, cfg.eps, cfg.norm_placement, cfg.dropout) for _ in range(2))
         self.output = HookPoint()
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, *, causal: bool = False,
-                rows: Rows | None = None) -> Tensor:
-        """x: (batch, src, d), or (n, d) real rows with `rows`; mask True = may attend (key padding, or any
-        visibility table)."""
-        x = self.sublayer[0](x, lambda h: self.self_attention(h, mask, causal=causal, rows=rows))
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, causal: bool = False) -> Tensor:
+        """x: (batch, src, d); mask True = may attend (key padding, or any visibility table)."""
+        x = self.sublayer[0](x, lambda h: self.self_attention(h, mask, causal=causal))   # U = LN(X + MHA(X))
         return self.output(self.sublayer[1](x, self.ffn))                    # (batch, src, d)
-
-
-class LayerCache:
-    """The KV caches of one decoder layer: self-attention grows, cross-attention is static."""
-
-    def __init__(self) -> None:
-        self.self = KVCache()
-        self.cross = KVCache(static=True)
-
-    def reorder(self, index: Tensor) -> None:
-        self.self.reorder(index)
-        self.cross.reorder(index)
 
 
 class DecoderLayer(nn.Module):
@@ -129,19 +119,12 @@ class DecoderLayer(nn.Module):
         self.output = HookPoint()
 
     def forward(self, y: Tensor, memory: Tensor | None = None, self_mask: Tensor | None = None,
-                memory_mask: Tensor | None = None, *, causal: bool = True, cache: LayerCache | None = None,
-                rows: Rows | None = None, memory_rows: Rows | None = None) -> Tensor:
+                memory_mask: Tensor | None = None, *, causal: bool = True, cache: KVCache | None = None) -> Tensor:
         """y: (batch, tgt, d), the whole target, or with `cache` only its newest rows; memory: (batch, src, d);
-        masks True = may attend.
-
-        rows / memory_rows: y / memory come packed as real rows only, (n, d) (training)."""
-        self_cache = cache.self if cache is not None else None
-        y = self.sublayer[0](y, lambda h: self.self_attention(h, self_mask, causal=causal, cache=self_cache,
-                                                              rows=rows))
+        masks True = may attend."""
+        y = self.sublayer[0](y, lambda h: self.self_attention(h, self_mask, causal=causal, cache=cache))
         if self.cross_attention is not None:
             if memory is None:
                 raise ValueError("DecoderLayer with cross-attention needs the encoder output (memory)")
-            cross_cache = cache.cross if cache is not None else None
-            y = self.sublayer[1](y, lambda h: self.cross_attention(h, memory, memory_mask, cache=cross_cache,
-                                                                   rows=rows, memory_rows=memory_rows))
+            y = self.sublayer[1](y, lambda h: self.cross_attention(h, memory, memory_mask, cache=cache))
         return self.output(self.sublayer[-1](y, self.ffn))                   # (batch, tgt, d)

@@ -1,7 +1,7 @@
 """Attention masks, one convention everywhere: boolean, True = may attend; padding flags True = PAD.
 
 PyTorch disagrees with itself (SDPA: True = attend; nn.MultiheadAttention: True = blocked);
-glassformer converts only at that boundary (`to_blocked`).
+glassformer converts only at that boundary (`~mask`).
 """
 
 from __future__ import annotations
@@ -49,11 +49,6 @@ def as_attention_mask(mask: Tensor | None) -> Tensor | None:
     while mask.dim() < 4:
         mask = mask.unsqueeze(0) if mask.dim() == 2 else mask.unsqueeze(1)
     return mask
-
-
-def to_blocked(mask: Tensor) -> Tensor:
-    """glassformer visibility (True = attend) -> nn.MultiheadAttention convention (True = blocked)."""
-    return ~mask
 
 
 def loss_mask(labels: Tensor, pad_id: int = 0) -> Tensor:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 
@@ -73,8 +71,3 @@ class RotaryEmbedding(nn.Module):
         even, odd = x[..., 0::2], x[..., 1::2]                              # (batch, heads, len, d_k/2)
         out = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
         return out.flatten(-2)                                             # (batch, heads, len, d_k)
-
-
-def embedding_scale(d_model: int) -> float:
-    """Token embeddings are multiplied by sqrt(d) before the position vectors are added."""
-    return math.sqrt(d_model)

@@ -4,17 +4,16 @@ encoder-only / decoder-only families built from the same layers."""
 from __future__ import annotations
 
 import math
-import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .cache import KVCache
 from .config import ModelConfig
 from .hooks import Hooked, HookPoint
-from .layers import DecoderLayer, EncoderLayer, LayerCache
+from .layers import DecoderLayer, EncoderLayer
 from .masks import padding_mask
-from .packing import Rows
 from .positions import LearnedPositions, sinusoidal_positions
 
 
@@ -43,26 +42,19 @@ class Embeddings(nn.Module):
             self._tables[key] = table.to(device=device, dtype=dtype)
         return self._tables[key]
 
-    def forward(self, ids: Tensor, offset: int = 0, rows: Rows | None = None) -> Tensor:
-        """ids: (batch, len) -> (batch, len, d); `offset` = absolute position of the first row.
-
-        With `rows`, only the kept cells are embedded: (n, d), packed (see packing.py).
-        """
+    def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
+        """ids: (batch, len) -> (batch, len, d); `offset` = absolute position of the first row."""
         n = ids.size(1)
         if offset + n > self.cfg.max_len and self.cfg.positions in ("sinusoidal", "learned"):
             raise ValueError(f"sequence length {offset + n} exceeds max_len {self.cfg.max_len}")
-        x = self._lookup(ids if rows is None else rows.select(ids))         # (batch, len, d) | (n, d)
-        if self.sinusoidal:                                                  # one fused op: PE + sqrt(d) x
-            table = self.position_table(x.dtype, x.device)
-            table = (table[offset: offset + n] if rows is None
-                     else table.index_select(0, rows.positions + offset))
-            x = torch.add(table, x, alpha=self.scale)
+        x = self._lookup(ids)                                                # (batch, len, d)
+        if self.sinusoidal:                                                  # one op: PE + sqrt(d) x
+            x = torch.add(self.position_table(x.dtype, x.device)[offset: offset + n], x, alpha=self.scale)
         else:
             x = x * self.scale
             if self.learned is not None:
-                positions = torch.arange(n, device=ids.device) if rows is None else rows.positions
-                x = x + self.learned(positions + offset)
-        return self.dropout(x) if self.training else x                       # eval: skip the identity call
+                x = x + self.learned(torch.arange(offset, offset + n, device=ids.device))
+        return self.dropout(x)
 
     def _lookup(self, ids: Tensor) -> Tensor:
         """Embedding rows of `ids`; an id outside [0, vocab) is a ValueError naming the range.
@@ -93,16 +85,13 @@ class Encoder(nn.Module):
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.eps) if cfg.use_final_norm else None
         self.output = HookPoint()
 
-    def forward(self, x: Tensor, src_pad: Tensor | None = None, *, mask: Tensor | None = None,
-                rows: Rows | None = None) -> Tensor:
-        """x: (batch, src, d); src_pad: (batch, src) True = PAD. Returns H: (batch, src, d).
-
-        With `rows`, x and H are packed real rows (n, d)."""
+    def forward(self, x: Tensor, src_pad: Tensor | None = None, *, mask: Tensor | None = None) -> Tensor:
+        """x: (batch, src, d); src_pad: (batch, src) True = PAD. Returns H: (batch, src, d)."""
         if mask is None and src_pad is not None:
             mask = padding_mask(src_pad)                                     # (batch, 1, 1, src)
         x = self.embedding(x)
         for layer in self.layers:
-            x = layer(x, mask, rows=rows)
+            x = layer(x, mask)
         if self.norm is not None:
             x = self.norm(x)
         return self.output(x)                                                # (batch, src, d)
@@ -121,48 +110,21 @@ class Decoder(nn.Module):
         self.output = HookPoint()
 
     def forward(self, y: Tensor, memory: Tensor | None = None, src_pad: Tensor | None = None,
-                tgt_pad: Tensor | None = None, *, cache: list[LayerCache] | None = None,
-                rows: Rows | None = None, memory_rows: Rows | None = None) -> Tensor:
+                tgt_pad: Tensor | None = None, *, cache: KVCache | None = None) -> Tensor:
         """y: (batch, tgt, d): the whole target, or with `cache` the newest rows of a decoding step.
 
         tgt_pad is optional: right padding is already hidden from every real row by the triangle, so
-        training may skip it (the padded rows are excluded from the loss).
-        With `rows` / `memory_rows`, y and memory are packed real rows (n, d), and so is the output."""
+        training may skip it (the padded rows are excluded from the loss)."""
         self_mask = padding_mask(tgt_pad) if tgt_pad is not None else None  # (batch, 1, 1, tgt)
         memory_mask = padding_mask(src_pad) if src_pad is not None else None  # no triangle on cross
         y = self.embedding(y)
-        for i, layer in enumerate(self.layers):
-            y = layer(y, memory, self_mask, memory_mask, causal=True, cache=cache[i] if cache is not None else None,
-                      rows=rows, memory_rows=memory_rows)
+        for layer in self.layers:
+            y = layer(y, memory, self_mask, memory_mask, causal=True, cache=cache)
+        if cache is not None:
+            cache.advance(y.size(1))
         if self.norm is not None:
             y = self.norm(y)
         return self.output(y)                                                # (batch, tgt, d)
-
-
-class DecoderCache:
-    """All layers' KV caches for incremental decoding, plus how many target positions are cached."""
-
-    def __init__(self, n_layers: int) -> None:
-        self.layers = [LayerCache() for _ in range(n_layers)]
-        self._source: tuple[weakref.ref, Tensor | None] | None = None  # (src_pad, what cross-attention gets)
-
-    def source_padding(self, src_pad: Tensor | None) -> Tensor | None:
-        """src_pad, or None when it flags no PAD, so cross-attention runs unmasked (no mask, no empty-row
-        check and its host sync): looked at once per src_pad tensor, not at every step and layer."""
-        if src_pad is None:
-            return None
-        if self._source is None or self._source[0]() is not src_pad:
-            self._source = (weakref.ref(src_pad), src_pad if bool(src_pad.any()) else None)
-        return self._source[1]
-
-    @property
-    def length(self) -> int:
-        return self.layers[0].self.length if self.layers else 0
-
-    def reorder(self, index: Tensor) -> None:
-        self._source = None
-        for layer in self.layers:
-            layer.reorder(index)
 
 
 def _label_smoothed_nll(logits: Tensor, labels: Tensor, smoothing: float) -> Tensor:
@@ -205,7 +167,7 @@ class Transformer(Hooked, nn.Module):
         return self.encoder(self.src_embed(src), src_pad)
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_pad: Tensor | None = None,
-               tgt_pad: Tensor | None = None, cache: DecoderCache | None = None) -> Tensor:
+               tgt_pad: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
         """Right-shifted target ids (batch, tgt) + H -> decoder output rows (batch, tgt, d).
 
         With `cache`, tgt_in holds only the newest ids (positions cache.length..); their rows attend to
@@ -214,7 +176,7 @@ class Transformer(Hooked, nn.Module):
         y = self.tgt_embed(tgt_in, offset=offset)
         if cache is not None:
             src_pad = cache.source_padding(src_pad)                          # None when no source row has PAD
-        return self.decoder(y, memory, src_pad, tgt_pad, cache=cache.layers if cache is not None else None)
+        return self.decoder(y, memory, src_pad, tgt_pad, cache=cache)
 
     def logits(self, hidden: Tensor) -> Tensor:
         return self.logits_hook(self.head(hidden))                      # (..., tgt_vocab)
@@ -228,39 +190,25 @@ class Transformer(Hooked, nn.Module):
         return self.logits(self.decode(tgt_in, memory, src_pad, tgt_pad))
 
     def loss(self, src: Tensor, tgt_in: Tensor, labels: Tensor, label_smoothing: float = 0.0,
-             src_pad: Tensor | None = None, packed: bool = True) -> tuple[Tensor, int]:
+             src_pad: Tensor | None = None) -> tuple[Tensor, int]:
         """Summed label-smoothed cross-entropy over non-PAD labels, and their count.
 
-        Only rows with a real label reach the vocabulary head: no logits are computed at PAD. With
-        `packed` (default) no PAD row is computed anywhere: source rows that are not PAD, and target rows
-        up to each sentence's last real label, go through the stacks packed (packing.py). Same loss.
-        """
+        Only rows with a real label reach the vocabulary head: no logits are computed at PAD."""
         src_pad = self.source_padding(src) if src_pad is None else src_pad
         keep = labels != self.cfg.pad_id                                     # (batch, tgt)
-        if not packed:
-            memory = self.encode(src, src_pad)
-            hidden = self.decode(tgt_in, memory, src_pad)                    # (batch, tgt, d)
-            rows = hidden[keep]                                              # (n_real, d)
-            return _label_smoothed_nll(self.logits(rows), labels[keep], label_smoothing), int(keep.sum())
-        src_rows = Rows(~src_pad)
-        tgt_rows = Rows(keep.flip(1).cumsum(1).flip(1) > 0)                 # rows a real label looks back on
-        memory = self.encoder(self.src_embed(src, rows=src_rows), src_pad, rows=src_rows)       # (n_src, d)
-        hidden = self.decoder(self.tgt_embed(tgt_in, rows=tgt_rows), memory, src_pad,
-                              rows=tgt_rows, memory_rows=src_rows)          # (n_tgt, d)
-        real = tgt_rows.select(keep)                                         # (n_tgt,)
-        logits = self.logits(hidden[real])                                   # (n_real, tgt_vocab)
-        return _label_smoothed_nll(logits, tgt_rows.select(labels)[real], label_smoothing), int(keep.sum())
+        hidden = self.decode(tgt_in, self.encode(src, src_pad), src_pad)     # (batch, tgt, d)
+        logits = self.logits(hidden[keep])                                   # (n_real, tgt_vocab)
+        return _label_smoothed_nll(logits, labels[keep], label_smoothing), int(keep.sum())
 
-    def new_cache(self) -> DecoderCache:
-        return DecoderCache(self.cfg.decoder_layers)
+    def new_cache(self, capacity: int | None = None) -> KVCache:
+        """An empty KV cache for `capacity` target positions (default cfg.max_len; it grows past them)."""
+        return KVCache(capacity or self.cfg.max_len)
 
-    def decode_step(self, tokens: Tensor, memory: Tensor, src_pad: Tensor | None,
-                    cache: DecoderCache) -> Tensor:
+    def decode_step(self, tokens: Tensor, memory: Tensor, src_pad: Tensor | None, cache: KVCache) -> Tensor:
         """Feed the newest target token(s) (batch, new) through the cache; logits (batch, new, vocab).
 
-        The reference incremental path: `decode` with the cache. The inference package runs the same
-        step faster (static cache, prepared weights) and is tested against this one.
-        """
+        The one incremental decoder: `decode` with the cache. `glassformer.inference.prepare(model)`
+        returns a copy with faster weights and the same method."""
         return self.logits(self.decode(tokens, memory, src_pad, cache=cache))
 
 
@@ -293,13 +241,13 @@ class DecoderOnlyModel(Hooked, nn.Module):
         self.head.weight = self.embed.token.weight
         self.logits_hook = HookPoint("logits")
 
-    def forward(self, ids: Tensor, cache: DecoderCache | None = None) -> Tensor:
+    def forward(self, ids: Tensor, cache: KVCache | None = None) -> Tensor:
         offset = cache.length if cache is not None else 0
-        h = self.decoder(self.embed(ids, offset=offset), cache=cache.layers if cache is not None else None)
+        h = self.decoder(self.embed(ids, offset=offset), cache=cache)
         return self.logits_hook(self.head(h))                                # (batch, len, vocab)
 
-    def new_cache(self) -> DecoderCache:
-        return DecoderCache(self.cfg.decoder_layers)
+    def new_cache(self, capacity: int | None = None) -> KVCache:
+        return KVCache(capacity or self.cfg.max_len)
 
 
 def build_model(cfg: ModelConfig) -> nn.Module:

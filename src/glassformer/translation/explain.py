@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..errors import UsageError
 from ..model.hooks import Recording
-from ..model.readout import NextToken, next_token_walk, walk_inputs
+from ..readout import NextToken, next_token_walk, walk_inputs
 from .search import Greedy, generate
 from .translator import Translator
 

@@ -9,7 +9,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from ..errors import UsageError
-from ..inference import StepDecoder, decoding_threads, use_threads
+from ..inference import decoding_threads, prepare, use_threads
 from ..model import Transformer
 from .search import DEFAULT_ALPHA, generate, strategy
 from .tokenize import SourceEncoding, SourceTokenizer, TargetTokenizer
@@ -18,7 +18,7 @@ from .tokenize import SourceEncoding, SourceTokenizer, TargetTokenizer
 def _fast(model):
     """The decoder translation runs: glassformer.inference's prepared weights for a Transformer, prepared
     now from the model's current weights (a model still training is read afresh at each call)."""
-    return StepDecoder(model) if isinstance(model, Transformer) else model
+    return prepare(model) if isinstance(model, Transformer) else model
 
 
 class Translator:

@@ -54,8 +54,8 @@ def rows(seed: int, *shape: int) -> torch.Tensor:
 
 
 def block(**changes) -> dict:
-    """The lesson's BLOCK through trace spec v1, with some fields changed."""
-    return run_spec({**ex.block_spec(), **changes})
+    """The lesson's BLOCK through trace spec v1, with some fields changed (and the running check's hooks)."""
+    return run_spec({**ex.block_spec(), **changes}, attach=injected)
 
 
 def np_softmax(s: np.ndarray, axis: int = -1) -> np.ndarray:

@@ -187,9 +187,9 @@ def cached_equals_teacher_forced() -> Reading:
         for t in range(m):
             cached.append(model.decode_step(tgt[:, t: t + 1], memory, src_pad, cache)[0, -1])
             if t == 0:
-                cross_k = cache.layers[0].cross.k
+                cross_k = cache.cross[model.decoder.layers[0].cross_attention][0]
         cached = torch.stack(cached)
-    once = cache.layers[0].cross.k is cross_k and cache.length == m
+    once = cache.cross[model.decoder.layers[0].cross_attention][0] is cross_k and cache.length == m
     a, b = diff(forced, recomputed), diff(forced, cached)
     return reading("{positions} positions: |teacher − recomputed| = {recomputed:Δ}, |teacher − cached| = "
                    "{cached:Δ}; self cache {cache_rows} rows, cross K/V computed once: {once}",

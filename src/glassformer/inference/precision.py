@@ -1,0 +1,228 @@
+"""Precision as a decoding option: a float32 model turned into a bfloat16 or int8 copy for translation.
+
+    fast = with_precision(model, "int8")        # a transformed copy; `model` is untouched, still float32
+    memory = fast.encode(src, src_pad)          # the same class and API: encode, new_cache, decode_step
+    logits = fast.decode_step(tokens, memory, src_pad, cache)
+
+- float32: the reference; nothing to transform, the model itself is returned.
+- bfloat16: every nn.Linear multiplies in bfloat16 on a bf16 copy of its weights (made once, not per call
+  as autocast would), and its output is cast back to float32. So only the products run in bf16: the
+  residual stream, LayerNorm, softmax, the embeddings and the logits stay float32 (bf16 keeps 8 bits of
+  mantissa; a bf16 residual stream and LayerNorm would add that rounding at every layer).
+- int8: every nn.Linear gets int8 weights with one scale per output channel, and its input is quantised
+  on the fly (one scale per row, symmetric): torchao's `quantize_` with `Int8DynamicActivationInt8WeightConfig`
+  when torchao is installed, else `torch.ao.quantization.quantize_dynamic` with per-channel weights
+  (deprecated by PyTorch in favour of torchao; used only where torch still has it).
+
+The lesson's glass box (the lab, `explain`, probes) keeps using the float32 model. Whether a precision
+pays depends on the CPU's instructions: `cpu_precision_support()` reads them and `precision_note(dtype)`
+says in one line when the chosen precision is likely to be slower than float32 here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import functools
+import logging
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..errors import UsageError
+
+DTYPES = ("float32", "bfloat16", "int8")
+
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")                 # x86: AVX-512-BF16, AMX-BF16; Arm: BF16
+INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8", "i8mm", "asimddp")   # x86: VNNI, AMX-INT8; Arm: I8MM, DOT
+REPORTED_FLAGS = ("avx2", "avx512f", *BF16_FLAGS, *INT8_FLAGS)
+
+
+def check_dtype(dtype: str) -> str:
+    """`dtype` if it is one of DTYPES, else a UsageError naming the choices."""
+    if dtype not in DTYPES:
+        raise UsageError(f"dtype: {dtype!r} is not one of {', '.join(DTYPES)}", "dtype")
+    return dtype
+
+
+# ---- what the CPU offers --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CpuSupport:
+    """The CPU's vector level as torch dispatches it, and which precision-relevant flags it has."""
+
+    capability: str                  # torch.backends.cpu.get_cpu_capability(): "AVX2", "AVX512", ...
+    flags: frozenset[str]            # the REPORTED_FLAGS present
+    flags_known: bool                # False where /proc/cpuinfo could not be read (not Linux)
+
+    @property
+    def bf16(self) -> bool:
+        return any(f in self.flags for f in BF16_FLAGS)
+
+    @property
+    def int8(self) -> bool:
+        return any(f in self.flags for f in INT8_FLAGS)
+
+    @property
+    def amx(self) -> bool:
+        return "amx_bf16" in self.flags or "amx_int8" in self.flags
+
+    def as_dict(self) -> dict:
+        return {"capability": self.capability, "flags": sorted(self.flags), "flags_known": self.flags_known,
+                "bf16": self.bf16, "int8": self.int8, "amx": self.amx}
+
+
+def cpu_flags(text: str) -> frozenset[str]:
+    """The REPORTED_FLAGS named on the `flags` (x86) or `Features` (Arm) lines of /proc/cpuinfo text."""
+    found: set[str] = set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() in ("flags", "features"):
+            found.update(value.split())
+    return frozenset(f for f in REPORTED_FLAGS if f in found)
+
+
+@functools.cache
+def cpu_precision_support(cpuinfo: str = "/proc/cpuinfo") -> CpuSupport:
+    """torch's CPU capability and the CPU's bf16/int8 instruction flags (read once)."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    try:
+        text = Path(cpuinfo).read_text(errors="replace")
+    except OSError:
+        return CpuSupport(capability, frozenset(), False)
+    return CpuSupport(capability, cpu_flags(text), True)
+
+
+def precision_note(dtype: str, support: CpuSupport | None = None) -> str | None:
+    """One line when the CPU lacks the instructions that make `dtype` pay; None when it has them
+    (or when the flags cannot be read, or for float32)."""
+    check_dtype(dtype)
+    support = cpu_precision_support() if support is None else support
+    if dtype == "float32" or not support.flags_known:
+        return None
+    if dtype == "bfloat16" and not support.bf16:
+        return (f"note: bfloat16 on a CPU without AVX-512-BF16 or AMX (torch: {support.capability}): "
+                "expect it slower than float32")
+    if dtype == "int8" and not support.int8:
+        return (f"note: int8 on a CPU without VNNI or AMX-INT8 (torch: {support.capability}): "
+                "expect little or no gain over float32")
+    return None
+
+
+# ---- the transformations ----------------------------------------------------------------------------
+
+class BFloat16Linear(nn.Module):
+    """Stands in for an nn.Linear: x W^T + b multiplied in bfloat16, the result back in x's dtype."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        with torch.no_grad():
+            self.register_buffer("weight", linear.weight.detach().to(torch.bfloat16))     # (out, in)
+            bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+            self.register_buffer("bias", bias)                                          # (out,) or None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x.to(torch.bfloat16), self.weight, self.bias).to(x.dtype)       # (..., out)
+
+
+def _swap_linears(model: nn.Module, make) -> None:
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, make(child))
+
+
+@contextlib.contextmanager
+def _quiet_import() -> Iterator[None]:
+    """torchao's import logs warnings about optional GPU kernels; keep a CPU user's stderr to our note."""
+    loggers = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def int8_backend() -> str:
+    """"torchao" when torchao's quantize_ is importable, else "torch.ao" when torch still has
+    quantize_dynamic, else a UsageError saying what to install."""
+    try:
+        with _quiet_import():
+            from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_  # noqa: F401
+        return "torchao"
+    except ImportError:
+        pass
+    if hasattr(getattr(torch, "ao", None), "quantization") and hasattr(torch.ao.quantization, "quantize_dynamic"):
+        return "torch.ao"
+    raise UsageError(f"dtype: int8 needs torchao with torch {torch.__version__} (pip install torchao)", "dtype")
+
+
+def _int8(model: nn.Module) -> nn.Module:
+    if int8_backend() == "torchao":
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+        from torchao.quantization.granularity import PerRow
+
+        # per-row weights = one scale per output channel; no process-wide inductor settings
+        quantize_(model, Int8DynamicActivationInt8WeightConfig(granularity=PerRow(), set_inductor_config=False))
+        return model
+    import warnings
+
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", (DeprecationWarning, UserWarning))       # the deprecation notice
+        return quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
+
+
+def with_precision(model: nn.Module, dtype: str, note: bool = True) -> nn.Module:
+    """`model` decoding at `dtype` ("float32" | "bfloat16" | "int8"): a transformed copy in eval mode with
+    the same encode / new_cache / decode_step; float32 returns `model` itself. With `note`, the line of
+    `precision_note` goes to stderr (once per dtype and process) when the CPU lacks the instructions."""
+    check_dtype(dtype)
+    if dtype == "float32":
+        return model
+    device = next(model.parameters()).device
+    if dtype == "int8" and device.type != "cpu":
+        raise UsageError(f"dtype: int8 decoding runs on the CPU, the model is on {device.type}", "dtype")
+    if note and device.type == "cpu":
+        _note_once(dtype)
+    copied = copy.deepcopy(model).eval()
+    for p in copied.parameters():
+        p.requires_grad_(False)
+    if dtype == "bfloat16":
+        _swap_linears(copied, BFloat16Linear)
+    else:
+        copied = _int8(copied)
+    copied.precision = dtype          # the float32 fast path (StepDecoder, prepare) must leave this copy alone
+    return copied
+
+
+def precision_of(model: nn.Module) -> str:
+    """"bfloat16" or "int8" for a copy made by with_precision, else "float32"."""
+    return getattr(model, "precision", "float32")
+
+
+@functools.cache
+def _note_once(dtype: str) -> None:
+    line = precision_note(dtype)
+    if line:
+        print(line, file=sys.stderr)
+
+
+def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    """The `--dtype` option of translate / evaluate (read it with `with_precision(model, args.dtype)`)."""
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="precision of the decoding products: float32 (default, the reference), bfloat16 "
+                             "(bf16 products, fp32 LayerNorm/softmax) or int8 (int8 weights per output channel, "
+                             "dynamically quantised activations); fast only where the CPU has AVX-512-BF16/AMX "
+                             "or VNNI (docs/precision.md)")

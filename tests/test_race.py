@@ -1,0 +1,139 @@
+"""The race harness's pieces that need no export: batching, limits, the roofline, the comparisons and
+the report; the glassformer system in-process; CTranslate2's compute types where it is installed."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from benchmarks import race
+from benchmarks.stats import speedup, summary
+from tokenizers import Tokenizer, models
+
+from glassformer.model import ModelConfig, Transformer
+from glassformer.translation.search import greedy
+
+
+def test_sorted_batches_cover_every_sentence_once_shortest_first():
+    lengths = [5, 1, 3, 3, 9, 2, 7]
+    batches = race.sorted_batches(lengths, 3)
+    assert batches == [[1, 5, 2], [3, 0, 6], [4]]                       # ties keep input order
+    flat = [i for b in batches for i in b]
+    assert sorted(flat) == list(range(len(lengths)))
+    assert [lengths[i] for i in flat] == sorted(lengths)
+    assert race.sorted_batches([], 4) == []
+    with pytest.raises(ValueError):
+        race.sorted_batches(lengths, 0)
+
+
+def test_output_limit_and_flops():
+    assert race.output_limit([3, 7], cap=100) == 24                      # 2 x 7 + 10
+    assert race.output_limit([3, 70], cap=100) == 100
+    assert race.gemm_flops(2, 3, 4) == 48
+    assert race.count_differences([[1, 2], [3], []], [[1, 2], [4], [5]]) == 2
+    with pytest.raises(ValueError):
+        race.count_differences([[1]], [])
+
+
+def test_roofline_reports_every_precision_per_shape():
+    rows = race.roofline(threads=1, seconds=0.01, shapes=((8, 16, 32), (4, 8, 8)))
+    assert [(r["m"], r["dtype"]) for r in rows] == [(4, "float32"), (4, "bfloat16"), (4, "int8"),   # smallest first
+                                                   (8, "float32"), (8, "bfloat16"), (8, "int8")]
+    assert all(math.isfinite(r["gflops"]) and r["gflops"] > 0 for r in rows)
+    rows = race.roofline(threads=1, seconds=0.01, shapes=((8, 16, 32), (4, 8, 8)), max_seconds=0.0)
+    assert [r["gflops"] is None for r in rows] == [False] * 3 + [True] * 3   # estimated too slow: skipped
+    assert all("skipped" in r for r in rows[3:])
+
+
+def _result(case, system, rates, bleu):
+    return {"case": case, "system": system, "tokens_per_s": summary(rates), "bleu": bleu, "chrf": 50.0,
+            "sentences": 10, "differ_from_baseline": 0,
+            "rss_loaded_mb": 100.0, "rss_peak_mb": 150.0}
+
+
+def test_comparisons_pick_the_fastest_precision_that_holds_quality():
+    timings = {("g", "glassformer/float32"): [200.0, 300.0], ("g", "glassformer/int8"): [400.0, 500.0],
+               ("g", "glassformer/bfloat16"): [900.0, 900.0], ("g", "ctranslate2/float32"): [100.0, 100.0],
+               ("g", "ctranslate2/int8"): [100.0, 250.0]}
+    bleu = {"glassformer/float32": 30.0, "glassformer/int8": 29.8, "glassformer/bfloat16": 29.6,
+            "ctranslate2/float32": 30.0, "ctranslate2/int8": 29.0}
+    results = [_result("g", s, r, bleu[s]) for (_, s), r in timings.items()]
+    out = race.comparisons(results, timings, speedup)
+    same, best = out
+    assert (same["ours"], same["theirs"]) == ("glassformer/float32", "ctranslate2/float32")
+    assert same["speedup"]["median"] == pytest.approx(2.5)               # 200/100 and 300/100, round by round
+    assert (best["ours"], best["theirs"]) == ("glassformer/int8", "ctranslate2/int8")   # bf16 lost 0.4 BLEU
+    assert best["speedup"]["min"] == pytest.approx(2.0) and best["speedup"]["max"] == pytest.approx(4.0)
+    assert race.comparisons([r for r in results if r["system"].startswith("glass")], timings, speedup) == []
+    empty = {k: [0.0, 0.0] for k in timings}                            # every output empty: no ratio to take
+    assert race.comparisons(results, empty, speedup) == []
+
+
+def test_markdown_report():
+    timings = {("greedy-b32", "glassformer/float32"): [1234.0], ("greedy-b32", "ctranslate2/float32"): [617.0]}
+    results = [_result("greedy-b32", s, r, 25.0) for (_, s), r in timings.items()]
+    report = {"machine": {"cpu": "Test CPU", "threads": 2, "date": "2026-12-01", "command": "python -m benchmarks.race",
+                          "precision": {"capability": "AVX2", "flags": ["avx2"], "amx": False},
+                          "versions": {"torch": "2.13.0"}},
+              "cases": [{"name": "greedy-b32", "beam": 1, "batch": 32, "sentences": None}], "results": results,
+              "comparisons": race.comparisons(results, timings, speedup),
+              "roofline": [{"m": 32, "k": 256, "n": 1024, "dtype": d, "gflops": g}
+                           for d, g in (("float32", 224.0), ("bfloat16", 497.0), ("int8", 12.5))]}
+    text = race.markdown(report)
+    assert "| glassformer/float32 | 1,234 [1,234, 1,234] | 25.00 |" in text
+    assert "| greedy-b32 | precision for precision | glassformer/float32 / ctranslate2/float32 | 2.00x" in text
+    assert "| 32 x 256 by 256 x 1024 | 224 | 497 | 12.5 |" in text
+    assert "AMX absent" in text and "avx2" in text
+
+
+def test_the_glassformer_system_returns_outputs_in_input_order():
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.tiny(src_vocab=40, tgt_vocab=30)).eval()
+    with torch.no_grad():
+        model.head.weight.mul_(4.0)
+    sources = [[5, 6, 7, 8, 9], [12], [14, 15, 16], [18, 19]]
+    want = [greedy(model, torch.tensor([s]))[0] for s in sources]
+    for dtype in ("float32", "int8"):
+        system = race.Glassformer(model, dtype, threads=1)
+        got = system.translate(sources, beam=1, batch=3)
+        assert got == want if dtype == "float32" else len(got) == len(sources)
+
+
+def test_token_map_between_ids_and_tokens(tmp_path):
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, "我": 4, "书": 5}
+    Tokenizer(models.WordLevel(vocab, unk_token="<unk>")).save(str(tmp_path / "t.json"))
+    tokens = race.TokenMap(tmp_path / "t.json")
+    assert tokens.to_tokens([4, 5, 2]) == ["我", "书", "</s>"]
+    assert tokens.to_ids(["书", "?"], unknown=3) == [5, 3]
+
+
+def test_ctranslate2_systems_are_the_supported_compute_types():
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    args = argparse.Namespace(ct2="somewhere", hf=None)
+    names = race.systems(args)
+    supported = ctranslate2.get_supported_compute_types("cpu")
+    assert names[:3] == ["glassformer/float32", "glassformer/bfloat16", "glassformer/int8"]
+    assert names[3:] == [f"ctranslate2/{t}" for t in ("float32", "int8", "bfloat16") if t in supported]
+
+
+def test_a_missing_folder_is_one_line_and_status_2(tmp_path, capsys):
+    assert race.main(["--run", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--run" in err
+
+
+def test_peak_rss_is_the_workers_own_not_the_parents():
+    """A fresh process (as each system's worker is) starts near its own size, whatever the parent held,
+    and its peak grows with what it touches (ru_maxrss would carry the parent's peak across exec)."""
+    code = ("from benchmarks.race import rss_mb; a = rss_mb(); block = b'x' * (200 << 20); "
+            "print(a, rss_mb())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=Path(race.__file__).parent.parent)
+    start, peak = map(float, done.stdout.split())
+    assert start < 100                                                   # stdlib only: tens of MiB
+    assert peak >= start + 190
