@@ -261,3 +261,22 @@ def test_patch_bad_input_is_one_line_exit_2(model_dir, capsys, monkeypatch, case
     assert code == 2 and out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0] and "Traceback" not in err
+
+
+def test_dtype_decodes_through_a_converted_copy_and_names_bad_values(model_dir, capsys, monkeypatch):
+    """--dtype bfloat16 / int8 run a converted copy (the reference stays float32); a tiny model's outputs
+    may differ, so the check is that each precision prints one line per input and a bad name is exit 2."""
+    from glassformer.inference.precision import precision_of
+    from glassformer.translation.commands import _translator
+
+    for dtype in ("float32", "bfloat16", "int8"):
+        code, out, _ = _run(capsys, monkeypatch, ["translate", "--model", str(model_dir), "--dtype", dtype,
+                                                  "我很好。", "谢谢你！"])
+        assert code == 0 and len(out.splitlines()) == 2
+        args = argparse.Namespace(model=str(model_dir), device="cpu", beam=1, alpha=None, max_length=None,
+                                  dtype=dtype)
+        assert precision_of(_translator(args)[0].model) == dtype
+    with pytest.raises(SystemExit) as info:
+        main(["translate", "--model", str(model_dir), "--dtype", "int4", "我"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "--dtype" in err and "Traceback" not in err

@@ -43,10 +43,14 @@ def _add_decoding(parser: argparse.ArgumentParser, beam: int = 1) -> None:
     parser.add_argument("--max-length", type=_positive, metavar="N",
                         help="most tokens generated per sentence, EOS included (default 2 x source length + 10; "
                              "at most the model's max_len)")
+    from ..inference.precision import add_dtype_argument
+
+    add_dtype_argument(parser)                                               # --dtype float32|bfloat16|int8
 
 
 def _translator(args):
     """The Translator of --model and the length penalty; the beam and --max-length within their limits first."""
+    from ..inference.precision import with_precision
     from .search import DEFAULT_ALPHA
     from .translator import Translator
 
@@ -55,6 +59,7 @@ def _translator(args):
         limits.check("--max-length", args.max_length, "MAX_SENTENCE_TOKENS")
     translator = Translator.load(_model_dir(args), _device(args.device))
     translator.check_max_length(args.max_length)
+    translator.model = with_precision(translator.model, args.dtype)          # float32: the model itself
     return translator, DEFAULT_ALPHA if args.alpha is None else args.alpha
 
 

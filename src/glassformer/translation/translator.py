@@ -10,15 +10,17 @@ from torch.nn.utils.rnn import pad_sequence
 
 from ..errors import UsageError
 from ..inference import decoding_threads, prepare, use_threads
+from ..inference.precision import precision_of
 from ..model import Transformer
 from .search import DEFAULT_ALPHA, generate, strategy
 from .tokenize import SourceEncoding, SourceTokenizer, TargetTokenizer
 
 
 def _fast(model):
-    """The decoder translation runs: glassformer.inference's prepared weights for a Transformer, prepared
-    now from the model's current weights (a model still training is read afresh at each call)."""
-    return prepare(model) if isinstance(model, Transformer) else model
+    """The decoder translation runs: glassformer.inference's prepared weights for a float32 Transformer,
+    prepared now from the model's current weights (a model still training is read afresh at each call); a
+    bfloat16 / int8 copy (inference.with_precision) runs as it is."""
+    return prepare(model) if isinstance(model, Transformer) and precision_of(model) == "float32" else model
 
 
 class Translator:
