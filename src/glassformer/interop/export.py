@@ -51,14 +51,14 @@ def write_transformers(model, out: Path) -> None:
 def write_ctranslate2(model, source_tokens: list[str], target_tokens: list[str], out: Path,
                       quantization: str | None) -> None:
     """A CTranslate2 Transformer model directory from our weights (the `ctranslate2` extra)."""
-    try:
-        from ctranslate2.specs import common_spec, transformer_spec
-    except ImportError:
-        raise UsageError("--to ctranslate2 needs CTranslate2: pip install 'glassformer[ctranslate2]'") from None
     cfg: ModelConfig = model.cfg
     why = marian.refusal(cfg)
     if why is not None:
         raise UsageError(f"--to ctranslate2: glassformer exports only the 2017 post-norm layout, not {why}")
+    try:
+        from ctranslate2.specs import common_spec, transformer_spec
+    except ImportError:
+        raise UsageError("--to ctranslate2 needs CTranslate2: pip install 'glassformer[ctranslate2]'") from None
     state = {k: v.numpy() for k, v in _state(model).items()}
     activation = common_spec.Activation.SWISH if cfg.activation == "silu" else common_spec.Activation.RELU
     spec = transformer_spec.TransformerSpec.from_config((cfg.encoder_layers, cfg.decoder_layers), cfg.heads,
