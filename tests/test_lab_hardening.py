@@ -257,7 +257,9 @@ def _start_lab(tmp_path, *extra):
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_the_server_within_2_s_with_slow_clients(tmp_path):
+def test_ctrl_c_stops_the_server_well_before_the_slow_clients_time_out(tmp_path):
+    """Two clients that never finish their request (the server would wait 10 s for each): Ctrl-C still ends
+    the process, exit 0, in under 5 s (its own shutdown, not the clients' timeouts)."""
     proc, address = _start_lab(tmp_path)
     socks = []
     try:
@@ -274,7 +276,7 @@ def test_ctrl_c_stops_the_server_within_2_s_with_slow_clients(tmp_path):
         started = time.perf_counter()
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=10)
-        assert time.perf_counter() - started < 2.0 and code == 0
+        assert time.perf_counter() - started < 5.0 and code == 0
     finally:
         for s in socks:
             s.close()
