@@ -135,7 +135,7 @@ class WorkerProcess:
         if corpus_file:
             cmd += ["--corpus", corpus_file]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                     text=True, cwd=HERE.parent, env=_child_env(threads, src))
+                                     text=True, cwd=_harness_of(src), env=_child_env(threads, src))
 
     def read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -168,6 +168,14 @@ WAIT_POLICY = "PASSIVE"
 
 def _system_of(name: str) -> str:
     return "glassformer" if name == BASELINE else name
+
+
+def _harness_of(src: str | None) -> Path:
+    """Where a worker runs `-m benchmarks.worker` from: this tree, or, for --baseline-src DIR/src, DIR itself when
+    it holds its own benchmarks/ (its systems.py is written against its own API; the JSON protocol is shared)."""
+    if src and (Path(src).resolve().parent / "benchmarks" / "worker.py").is_file():
+        return Path(src).resolve().parent
+    return HERE.parent
 
 
 def _child_env(threads: int, src: str | None = None) -> dict:
@@ -208,7 +216,8 @@ def memory_peaks(systems: tuple[str, ...], threads: int, seed: int, steps: int,
         cmd = [sys.executable, "-m", "benchmarks.worker", _system_of(name), "--threads", str(threads),
                "--seed", str(seed), "--memory", str(steps)]
         env = _child_env(threads, baseline_src if name == BASELINE else None)
-        done = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE.parent, env=env, check=False)
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=_harness_of(baseline_src if name == BASELINE else None),
+                              env=env, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"memory probe {name} failed:\n{done.stderr[-2000:]}")
         out.append({**json.loads(done.stdout.strip().splitlines()[-1]), "system": name})

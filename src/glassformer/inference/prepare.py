@@ -5,16 +5,20 @@
     cache = fast.new_cache()
     logits = fast.decode_step(tokens, memory, src_pad, cache)    # the model's own decoder and KV cache
 
-The copy is the same class with the same forward; only modules are swapped: every nn.Linear for a
-`Prepared` one (W laid out once, weights.py), each self-attention's W^Q, W^K, W^V for one product
-[W^Q | W^K | W^V], every hook point for an inert identity (nothing fires; to observe or intervene, run
-the model itself), and attention on SDPA. Tests hold its tokens identical and its logits equal to the
+The copy has the same classes' forwards; only modules are swapped: every nn.Linear for a
+`PreparedLinear` (W laid out once, weights.py), each self-attention's W^Q, W^K, W^V for one product
+[W^Q | W^K | W^V], every hook point and every dropout (identity in eval) for an inert identity (nothing
+fires; to observe or intervene, run the model itself), and attention on SDPA. Its modules are called
+straight through `forward`, without nn.Module's hook dispatch, and find their children by plain
+attribute lookup: a decoding step is about 60 module calls, and at batch 1 that dispatch was a third
+of the step's time (docs/performance.md). Tests hold its tokens identical and its logits equal to the
 model's to float rounding (tests/test_inference.py).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 from torch import Tensor, nn
@@ -22,19 +26,6 @@ from torch import Tensor, nn
 from ..model.attention import MultiHeadAttention, SelfAttention
 from ..model.hooks import HookPoint
 from .weights import ONEDNN, PreparedLinear
-
-
-class Prepared(nn.Module):
-    """Stands in for an nn.Linear: the same product x W^T + b on prepared weights, any leading dims."""
-
-    def __init__(self, weight: Tensor, bias: Tensor | None, onednn: bool) -> None:
-        super().__init__()
-        self.prepared = PreparedLinear(weight, bias, onednn)
-        self.out_features = weight.size(0)
-
-    def forward(self, x: Tensor) -> Tensor:
-        out = self.prepared(x.reshape(-1, x.size(-1)))                       # (rows, out)
-        return out.view(*x.shape[:-1], self.out_features)                     # (..., out)
 
 
 class FusedSelfAttention(SelfAttention):
@@ -55,24 +46,44 @@ class Inert(nn.Module):
         return x
 
 
+def _item(self: nn.ModuleList, index):
+    return self.__dict__["_items"][index] if isinstance(index, int) else nn.ModuleList.__getitem__(self, index)
+
+
+@functools.cache
+def _direct(cls: type) -> type:
+    """`cls` with `__call__` = `forward`: no nn.Module hook dispatch (nothing can be attached to the copy);
+    a ModuleList indexed as a list."""
+    extra = {"__getitem__": _item} if issubclass(cls, nn.ModuleList) else {}
+    return type(cls.__name__, (cls,), {"__call__": cls.forward, "__module__": cls.__module__, **extra})
+
+
 def prepare(model: nn.Module, onednn: bool = ONEDNN) -> nn.Module:
     """A decoding copy of `model` (any family), in eval mode, without gradients; see the module doc.
 
-    The weights are copied now: prepare again after training changes them. `onednn` picks oneDNN's
-    pre-blocked weights where this torch build has them (weights.py)."""
+    The weights are copied now, on the model's device and in its dtype: prepare again after training
+    changes them or after moving the model (the copy itself is not meant to be moved). `onednn` picks
+    oneDNN's pre-blocked weights where this torch build has them (weights.py)."""
     fast = copy.deepcopy(model).eval().requires_grad_(False)
     for module in list(fast.modules()):
         if isinstance(module, SelfAttention):
             weights = [module.w_q, module.w_k, module.w_v]
             bias = None if weights[0].bias is None else torch.cat([w.bias for w in weights])
             module.__class__ = FusedSelfAttention
-            module.w_qkv = Prepared(torch.cat([w.weight for w in weights]), bias, onednn)
+            module.w_qkv = PreparedLinear(torch.cat([w.weight for w in weights]), bias, onednn)
             del module.w_q, module.w_k, module.w_v
         if isinstance(module, MultiHeadAttention):
             module.path, module._head_hooks = "fast", False                 # no hook can attach: SDPA
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(module, name, Prepared(child.weight, child.bias, onednn))
-            elif isinstance(child, HookPoint):
+                setattr(module, name, PreparedLinear.of(child, onednn))
+            elif isinstance(child, (HookPoint, nn.Dropout)):
                 setattr(module, name, Inert())
+    for module in fast.modules():
+        if type(module).__call__ is nn.Module.__call__:
+            module.__class__ = _direct(type(module))
+        module.__dict__.update(module._modules)                              # children and weights:
+        module.__dict__.update(module._parameters)                           # plain attribute lookups
+        if isinstance(module, nn.ModuleList):
+            module.__dict__["_items"] = list(module._modules.values())
     return fast

@@ -34,13 +34,17 @@ def _onednn_available() -> bool:
 ONEDNN = _onednn_available()
 
 
-class PreparedLinear:
-    """x W^T + b for 2-D x (rows, in) -> (rows, out), with W laid out once for inference."""
+class PreparedLinear(nn.Module):
+    """Stands in for an nn.Linear: x W^T + b for x (..., in) -> (..., out), with W laid out once for inference.
+
+    Called straight through `forward` (no nn.Module hook dispatch: it is a leaf of a decoding copy)."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None, onednn: bool = ONEDNN) -> None:
+        super().__init__()
         with torch.inference_mode(False), torch.no_grad():                   # plain tensors, usable anywhere
             self.w = weight.detach().contiguous()                            # (out, in)
             self.b = None if bias is None else bias.detach().contiguous()    # (out,)
+            self.out_features = self.w.size(0)
             wide = self.w.size(0) >= self.w.size(1) and self.w.device.type == "cpu"
             self.wt = self.w.t().contiguous() if wide else None              # (in, out) or None
             self.packed = None
@@ -51,9 +55,16 @@ class PreparedLinear:
     def of(cls, linear: nn.Linear, onednn: bool = ONEDNN) -> PreparedLinear:
         return cls(linear.weight, linear.bias, onednn)
 
-    def __call__(self, x: Tensor) -> Tensor:
-        if self.packed is not None and x.size(0) >= PACKED_MIN_ROWS and x.dtype == torch.float32:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.b, "none", [], "")   # (rows, out)
-        if self.wt is None:
-            return F.linear(x, self.w, self.b)
-        return torch.mm(x, self.wt) if self.b is None else torch.addmm(self.b, x, self.wt)   # (rows, out)
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, x.size(-1))                                     # (rows, in)
+        if self.packed is not None and rows.size(0) >= PACKED_MIN_ROWS and x.dtype == torch.float32:
+            out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.b, "none", [], "")
+        elif self.wt is None:
+            out = F.linear(rows, self.w, self.b)
+        elif self.b is None:
+            out = torch.mm(rows, self.wt)
+        else:
+            out = torch.addmm(self.b, rows, self.wt)                         # (rows, out)
+        return out.view(*x.shape[:-1], self.out_features)                   # (..., out)
+
+    __call__ = forward

@@ -31,13 +31,14 @@ class KVCache:
 
     def update(self, attention: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write this step's rows k, v (batch, heads, new, d) at positions length..; return rows :length+new."""
-        end = self.length + k.size(2)
-        if attention not in self.k or end > self.k[attention].size(2):
-            self.k[attention] = self._grown(self.k.get(attention), k, end)
-            self.v[attention] = self._grown(self.v.get(attention), v, end)
-        self.k[attention][:, :, self.length:end] = k
-        self.v[attention][:, :, self.length:end] = v
-        return self.k[attention][:, :, :end], self.v[attention][:, :, :end]     # (batch, heads, key, d)
+        new, end = k.size(2), self.length + k.size(2)
+        keys, values = self.k.get(attention), self.v.get(attention)
+        if keys is None or end > keys.size(2):
+            keys = self.k[attention] = self._grown(keys, k, end)
+            values = self.v[attention] = self._grown(values, v, end)
+        keys.narrow(2, self.length, new).copy_(k)                           # rows length..end
+        values.narrow(2, self.length, new).copy_(v)
+        return keys.narrow(2, 0, end), values.narrow(2, 0, end)             # (batch, heads, key, d)
 
     def _grown(self, buffer: Tensor | None, rows: Tensor, end: int) -> Tensor:
         """A buffer for `end` positions at least: `capacity` on the first step, doubled past it."""
