@@ -31,12 +31,14 @@ import importlib.util
 import json
 import os
 import resource
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from .pipe import JsonWorker
+from .run import _child_env
 
 HERE = Path(__file__).resolve().parent
 ALPHA = 1.0                                   # beam length penalty: score / len^alpha, for every system
@@ -250,43 +252,16 @@ def worker(args) -> int:
     return 0
 
 
-class WorkerProcess:
-    """One system in its own process, spoken to over JSON lines."""
+class WorkerProcess(JsonWorker):
+    """One system in its own process (`--worker NAME`), in benchmarks.run's worker environment."""
 
     def __init__(self, name: str, args) -> None:
-        self.name = name
         cmd = [sys.executable, "-m", "benchmarks.race", "--worker", name, "--threads", str(args.threads)]
         for flag, value in (("--run", args.run), ("--ct2", args.ct2), ("--hf", args.hf)):
             if value:
                 cmd += [flag, str(value)]
-        self.log = open(os.devnull, "w") if args.quiet_workers else None
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                     text=True, cwd=HERE.parent, env=_child_env(args.threads))
+        super().__init__(name, cmd, HERE.parent, _child_env(args.threads), {"quit": True})
         self.loaded = self.read()
-
-    def read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the {self.name} worker stopped (exit status {self.proc.wait()})")
-        return json.loads(line)
-
-    def call(self, request: dict) -> dict:
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        return self.read()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
-            self.proc.stdin.flush()
-            self.proc.wait(timeout=60)
-
-
-def _child_env(threads: int) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
-    src = str(HERE.parent / "src")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, str(HERE.parent), env.get("PYTHONPATH")) if p)
-    return env
 
 
 # ---- the roofline -------------------------------------------------------------------------------------
@@ -509,7 +484,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    else os.cpu_count() or 1, help="intra-op threads of every system (default: usable cores)")
     p.add_argument("--out", help="JSON report path (default benchmarks/results/race-DATE.json, .md beside it)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--quiet-workers", action="store_true", help="hide the workers' stderr")
     args = p.parse_args(argv)
     if args.quick:
         args.sentences = min(args.sentences or 64, 64)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from .pipe import JsonWorker
 from .stats import speedup, summary
 from .systems import SYSTEMS
 
@@ -123,44 +124,17 @@ def build_cases(s: Settings, systems: tuple[str, ...], only: set[str] | None) ->
 
 
 # ---- workers -------------------------------------------------------------------------------------
-class WorkerProcess:
-    """A `benchmarks.worker` subprocess spoken to over JSON lines."""
+class WorkerProcess(JsonWorker):
+    """A `benchmarks.worker` subprocess for system `name` (glassformer-base: from --baseline-src)."""
 
     def __init__(self, name: str, threads: int, seed: int, corpus_file: str | None,
                  src: str | None = None) -> None:
         self.system = name
-        self.log = tempfile.TemporaryFile(mode="w+")
         cmd = [sys.executable, "-m", "benchmarks.worker", _system_of(name), "--threads", str(threads),
                "--seed", str(seed)]
         if corpus_file:
             cmd += ["--corpus", corpus_file]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                     text=True, cwd=_harness_of(src), env=_child_env(threads, src))
-
-    def read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            self.log.seek(0)
-            tail = self.log.read()[-2000:]
-            raise RuntimeError(f"worker {self.system} stopped:\n{tail}")
-        reply = json.loads(line)
-        if "error" in reply:
-            raise RuntimeError(f"worker {self.system}: {reply['error']}")
-        return reply
-
-    def call(self, request: dict) -> dict:
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        return self.read()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write(json.dumps({"case": "quit"}) + "\n")
-                self.proc.stdin.flush()
-            except BrokenPipeError:
-                pass
-            self.proc.wait(timeout=30)
+        super().__init__(name, cmd, _harness_of(src), _child_env(threads, src), {"case": "quit"})
 
 
 WAIT_POLICY = "PASSIVE"
@@ -215,9 +189,9 @@ def memory_peaks(systems: tuple[str, ...], threads: int, seed: int, steps: int,
     for name in systems:
         cmd = [sys.executable, "-m", "benchmarks.worker", _system_of(name), "--threads", str(threads),
                "--seed", str(seed), "--memory", str(steps)]
-        env = _child_env(threads, baseline_src if name == BASELINE else None)
-        done = subprocess.run(cmd, capture_output=True, text=True, cwd=_harness_of(baseline_src if name == BASELINE else None),
-                              env=env, check=False)
+        src = baseline_src if name == BASELINE else None
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=_harness_of(src), env=_child_env(threads, src),
+                              check=False)
         if done.returncode != 0:
             raise RuntimeError(f"memory probe {name} failed:\n{done.stderr[-2000:]}")
         out.append({**json.loads(done.stdout.strip().splitlines()[-1]), "system": name})

@@ -183,3 +183,25 @@ def test_sentencepiece_source_units_are_sentencepiece_own_segmentation(corpus: C
     assert not differ, differ[:5]
     assert len({len(u) for run in held_out for u in tokenizer.segment(run)}) > 1   # pieces, not characters
     assert tokenizer.analyse("龘我").unknown == []
+
+
+def test_exported_source_tokenizer_keeps_runs_of_latin_letters_and_digits_whole() -> None:
+    """A run of other characters is one unit or one <unk> in glassformer; the exported Unigram must not cut it
+    into the known pieces it holds (M, 4, 0000, １): without the run marks it gave M + <unk> for Muiriel."""
+    from tokenizers import Tokenizer
+
+    from glassformer.interop import segmenter
+
+    units = [["我", "有", "TOEFL", "考试", "。"], ["M", "是", "我", "的", "朋友", "。"], ["4", "0000", "元"],
+             ["１", "个", "人"], ["Tom", "和", "Mary"]]
+    source = SourceTokenizer.train(units)
+    tokenizer = Tokenizer.from_str(segmenter.source_tokenizer(source).to_str())
+    texts = ["Muiriel是我的朋友。", "我有TOEFL考试。", "40000元", "４００００元", "１个人", "M是我的朋友。",
+             "Tom和Mary和Tomas", "TOEFL/考试", "我有 TOEFL 考试"]
+    assert segmenter.differences(source, texts, tokenizer) == []
+    muiriel = tokenizer.encode("Muiriel是我的朋友。")
+    assert muiriel.ids[0] == UNK and len(muiriel.ids) == len(source.encode("Muiriel是我的朋友。")) == 6
+    spelled = dict(zip(source.vocab.tokens, segmenter.spellings(source), strict=True))
+    assert spelled["TOEFL"] == f"{segmenter.MARK}TOEFL{segmenter.MARK}" and spelled["我"] == "我"
+    assert spelled["。"] == "。" and spelled["<unk>"] == "<unk>"
+    assert tokenizer.decode(tokenizer.encode("我有TOEFL考试。").ids) .replace(" ", "") == "我有TOEFL考试。"

@@ -113,7 +113,7 @@ def _vocabularies(source, target) -> tuple[list[str], list[str]]:
     """Token strings in id order for both sides (CTranslate2 feeds and returns tokens, not ids)."""
     if isinstance(source, SentencePieceSource):
         return source.vocab.tokens, target.vocab.tokens
-    return source.vocab.tokens, [target.id_to_token(i) for i in range(target.vocab_size)]
+    return segmenter.spellings(source), [target.id_to_token(i) for i in range(target.vocab_size)]
 
 
 def write_tokenizers(root: Path, source, target, out: Path) -> list[str]:
