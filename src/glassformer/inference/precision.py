@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import UsageError
+from .prepare import streamline
 
 DTYPES = ("float32", "bfloat16", "int8")
 
@@ -203,8 +204,8 @@ def with_precision(model: nn.Module, dtype: str, note: bool = True) -> nn.Module
         _swap_linears(copied, BFloat16Linear)
     else:
         copied = _int8(copied)
-    copied.precision = dtype          # the float32 fast path (StepDecoder, prepare) must leave this copy alone
-    return copied
+    copied.precision = dtype          # the float32 fast path (prepare) must leave this copy alone
+    return streamline(copied)         # hook points inert, modules called straight through forward
 
 
 def precision_of(model: nn.Module) -> str:

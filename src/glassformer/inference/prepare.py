@@ -72,12 +72,21 @@ def prepare(model: nn.Module, onednn: bool = ONEDNN) -> nn.Module:
             module.__class__ = FusedSelfAttention
             module.w_qkv = PreparedLinear(torch.cat([w.weight for w in weights]), bias, onednn)
             del module.w_q, module.w_k, module.w_v
-        if isinstance(module, MultiHeadAttention):
-            module.path, module._head_hooks = "fast", False                 # no hook can attach: SDPA
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(module, name, PreparedLinear.of(child, onednn))
-            elif isinstance(child, (HookPoint, nn.Dropout)):
+    return streamline(fast)
+
+
+def streamline(fast: nn.Module) -> nn.Module:
+    """In place, on a decoding copy (prepare's, or with_precision's): every hook point and dropout becomes
+    an inert identity, attention runs on SDPA, modules are called straight through `forward` and find their
+    children and weights by plain attribute lookup. Returns `fast`."""
+    for module in list(fast.modules()):
+        if isinstance(module, MultiHeadAttention):
+            module.path, module._head_hooks = "fast", False                 # no hook can attach: SDPA
+        for name, child in list(module.named_children()):
+            if isinstance(child, (HookPoint, nn.Dropout)):
                 setattr(module, name, Inert())
     for module in fast.modules():
         if type(module).__call__ is nn.Module.__call__:
