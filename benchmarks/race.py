@@ -166,14 +166,14 @@ class TokenMap:
 class CTranslate2:
     """A CTranslate2 export at one compute_type; the whole list in one call, sorted and batched by CT2."""
 
-    def __init__(self, folder: str, compute_type: str, threads: int) -> None:
+    def __init__(self, folder: str, compute_type: str, threads: int, cap: int) -> None:
         import ctranslate2
         self.translator = ctranslate2.Translator(folder, device="cpu", compute_type=compute_type,
                                                  inter_threads=1, intra_threads=threads)
         self.source = TokenMap(Path(folder) / "source_tokenizer.json")
         self.target = TokenMap(Path(folder) / "target_tokenizer.json")
         self.unknown = self.target.ids.get("<unk>", 0)
-        self.cap = _max_positions(Path(folder))
+        self.cap = cap
 
     def translate(self, sources: list[list[int]], beam: int, batch: int) -> list[list[int]]:
         results = self.translator.translate_batch(
@@ -183,12 +183,10 @@ class CTranslate2:
         return [self.target.to_ids(r.hypotheses[0], self.unknown) for r in results]
 
 
-def _max_positions(folder: Path) -> int:
-    """The longest output a folder's model allows (config.json's max_position_embeddings or 256)."""
-    try:
-        return int(json.loads((folder / "config.json").read_text()).get("max_position_embeddings", 256))
-    except (OSError, ValueError):
-        return 256
+def _ct2_cap(run: str) -> int:
+    """CTranslate2's most decoding steps for the run's position table: max_len - 1 (it asks for one position
+    more than glassformer, which never feeds the last token it generates; a longer limit stops the worker)."""
+    return int(json.loads((Path(run) / "config.json").read_text())["model"]["max_len"]) - 1
 
 
 class Marian:
@@ -225,7 +223,7 @@ def build_system(name: str, args) -> object:
     if family == "glassformer":
         return Glassformer.load(args.run, dtype, args.threads)
     if family == "ctranslate2":
-        return CTranslate2(args.ct2, dtype, args.threads)
+        return CTranslate2(args.ct2, dtype, args.threads, _ct2_cap(args.run))
     return Marian(args.hf, dtype, args.threads)
 
 

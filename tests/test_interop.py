@@ -36,8 +36,9 @@ def _spm(folder: Path, name: str, lines: list[str], size: int) -> None:
     (folder / f"{name}.model").rename(folder / f"{name}.spm")
 
 
-def build_marian(folder: Path, steps: int = 150) -> Path:
-    """A Marian folder as save_pretrained + MarianTokenizer.save_pretrained write it; trained a little on the pairs."""
+def build_marian(folder: Path, steps: int = 150, layers: int = 2) -> Path:
+    """A Marian folder as save_pretrained + MarianTokenizer.save_pretrained write it; trained a little on the pairs
+    (`layers` encoder and as many decoder layers)."""
     folder.mkdir(parents=True)
     _spm(folder, "source", ZH, 60)
     _spm(folder, "target", EN, 80)
@@ -49,7 +50,7 @@ def build_marian(folder: Path, steps: int = 150) -> Path:
     vocab["<pad>"] = pad = len(vocab)
     (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     cfg = transformers.MarianConfig(
-        vocab_size=pad + 1, decoder_vocab_size=pad + 1, d_model=32, encoder_layers=2, decoder_layers=2,
+        vocab_size=pad + 1, decoder_vocab_size=pad + 1, d_model=32, encoder_layers=layers, decoder_layers=layers,
         encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
         activation_function="swish", max_position_embeddings=64, scale_embedding=True, pad_token_id=pad,
         eos_token_id=0, decoder_start_token_id=pad, forced_eos_token_id=0, share_encoder_decoder_embeddings=True,

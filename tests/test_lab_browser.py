@@ -252,3 +252,50 @@ def test_patching_view_shows_the_heads_by_layers_table(page, lab_server):
     page.page.wait_for_selector("#error:not([hidden])", timeout=20000)
     assert "corrupt" in page.page.inner_text("#error") and "龘" in page.page.inner_text("#error")
     assert all("400" in e for e in page.errors)                                 # the refused request, nothing else
+
+
+@pytest.fixture(scope="module")
+def imported_lab(tmp_path_factory):
+    """The lab on an imported Marian model of the lesson's base depth, 6 + 6 layers (small widths), untrained."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("sentencepiece")
+    from glassformer.interop.importer import import_marian
+    from glassformer.lab.api import load_model
+    from test_interop import build_marian
+
+    root = tmp_path_factory.mktemp("marian-6x6")
+    import_marian(build_marian(root / "opus-mt-6x6", steps=0, layers=6), root / "run")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    srv = make_server(LabAPI(load_model(root / "run")), "127.0.0.1", 0)
+    serve_in_thread(srv)
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+    torch.set_num_threads(before)
+
+
+def test_an_imported_six_plus_six_model_in_the_sentence_and_patching_views(browser, imported_lab):
+    cfg = imported_lab.api.lab_model.model.cfg
+    assert (cfg.encoder_layers, cfg.decoder_layers, cfg.activation) == (6, 6, "silu")
+    p = Page(browser)
+    try:
+        p.page.goto(imported_lab.url + "#sentence")
+        p.wait_count("sentenceRuns", 1)
+        p.shot("sentence-6x6")
+        info = imported_lab.api.info()
+        assert info["default_source"] == "我昨天给了他一本书。"                   # no unit marks: SentencePiece cuts
+        want = imported_lab.api.sentence({"source": info["default_source"], "target": DEFAULT_TARGET})
+        rows = p.page.locator('[data-probe="encoder_self"] tbody tr')
+        n_source = len(want["encoder_self_attention"][0][0])                   # the model's own source pieces
+        assert n_source > 0 and rows.count() == n_source
+        assert all(rows.nth(i).locator("td").count() == n_source for i in range(n_source))
+        assert "opus-mt-6x6" in p.page.inner_text("#model-label")              # where the model came from
+        p.page.goto(imported_lab.url + "#patch")
+        p.wait_count("patchRuns", 1)
+        p.shot("patch-6x6")
+        heads = p.page.locator('[data-probe="patch.heads"] tbody tr')
+        assert heads.count() == 6 and heads.first.locator("td").count() == cfg.heads
+        assert p.errors == [] and p.outside == []
+    finally:
+        p.close()

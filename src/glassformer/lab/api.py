@@ -56,12 +56,20 @@ def _one_or_many(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
 
-class PatchBody(Schema):
-    """POST /api/patch: the clean sentence, one or more corrupted ones, the target and the word to predict."""
+def lesson_text(text: str, source) -> str:
+    """A lesson sentence for `source`: written in units (我／昨天／…) for glassformer's segmenter, which keeps
+    typed boundaries; without the unit marks for a model that cuts its own pieces (SentencePiece: an
+    imported Marian model, which would read ／ as a character)."""
+    return text.replace(examples.UNIT_SEPARATOR, "") if getattr(source, "mode", "") == "sentencepiece" else text
 
-    clean: Text = DEFAULT_SOURCE
-    corrupt: Annotated[list[Text], BeforeValidator(_one_or_many), Field(min_length=1, max_length=MAX_CORRUPT)] = (
-        [PATCH_CORRUPT])
+
+class PatchBody(Schema):
+    """POST /api/patch: the clean sentence, one or more corrupted ones, the target and the word to predict
+    (clean and corrupt default to the lesson's pair, as `lesson_text` writes it for the model)."""
+
+    clean: Text | None = None
+    corrupt: Annotated[list[Text] | None, BeforeValidator(_one_or_many),
+                       Field(min_length=1, max_length=MAX_CORRUPT)] = None
     target: Text = DEFAULT_TARGET
     predict: Text = examples.LESSON_PREDICT
     positions: bool = True
@@ -229,7 +237,9 @@ class LabAPI:
         request = _body(PatchBody, body)
         lab = self.lab_model
         with self.lock, torch.inference_mode():
-            result = lesson_patching(lab.model, lab.source, lab.target, request.clean, request.corrupt,
+            clean = lesson_text(DEFAULT_SOURCE, lab.source) if request.clean is None else request.clean
+            corrupt = [lesson_text(PATCH_CORRUPT, lab.source)] if request.corrupt is None else request.corrupt
+            result = lesson_patching(lab.model, lab.source, lab.target, clean, corrupt,
                                      request.target, request.predict, positions=request.positions)
         return {"model": self.describe(lab), **finite_json(result)}
 
@@ -241,8 +251,10 @@ class LabAPI:
     # -- GET /api/info
     def info(self) -> dict:
         """What the Sentence view runs: trained or untrained, from where, with which sizes."""
+        source = self.lab_model.source
         return {"glassformer": __version__, "model": self.describe(self.lab_model),
-                "default_source": DEFAULT_SOURCE, "default_target": DEFAULT_TARGET, "patch_corrupt": PATCH_CORRUPT,
+                "default_source": lesson_text(DEFAULT_SOURCE, source), "default_target": DEFAULT_TARGET,
+                "patch_corrupt": lesson_text(PATCH_CORRUPT, source),
                 "patch_predict": examples.LESSON_PREDICT, "swap": list(examples.SWAP_PAIR)}
 
     @staticmethod

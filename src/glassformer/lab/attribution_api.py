@@ -21,8 +21,6 @@ from ..translation.attribution import DEFAULT_METHOD, DEFAULT_STEPS
 from ..translation.why import why
 from ..validation import Schema, Text
 
-DEFAULT_SOURCE = examples.in_units(examples.NINE_UNITS)          # 我／昨天／给／了／他／一／本／书／。
-DEFAULT_TARGET = examples.LESSON_TARGET
 DEFAULT_CONTRAST = "her"
 DIGITS = 6                          # decimals of the scores sent to the page
 
@@ -32,8 +30,8 @@ Method = Literal["saliency", "input-x-gradient", "integrated-gradients", "attent
 class AttributeBody(Schema):
     """POST /api/attribute: the sentence, an optional target (else greedy), the method, a contrast word."""
 
-    source: Text = DEFAULT_SOURCE
-    target: Text | None = DEFAULT_TARGET
+    source: Text | None = None                                  # the lesson's sentence, as lesson_text writes it
+    target: Text | None = examples.LESSON_TARGET
     method: Method = DEFAULT_METHOD
     contrast: Text | None = DEFAULT_CONTRAST
     steps: Annotated[int, Field(ge=1)] = DEFAULT_STEPS
@@ -52,10 +50,12 @@ def _rounded(value):
 
 def attribute_endpoint(api, body) -> dict:
     """The handler behind LabAPI.attribute (api: the LabAPI, for its model, lock and error helpers)."""
-    from .api import _body, finite_json
+    from .api import DEFAULT_SOURCE, _body, finite_json, lesson_text
 
     request = _body(AttributeBody, body)
-    limits.check("source: characters", len(request.source), "MAX_SOURCE_CHARS", "source")
+    lab = api.lab_model
+    source = lesson_text(DEFAULT_SOURCE, lab.source) if request.source is None else request.source
+    limits.check("source: characters", len(source), "MAX_SOURCE_CHARS", "source")
     target = request.target if request.target is not None and request.target.strip() else None
     if target is not None:
         limits.check("target: characters", len(target), "MAX_TARGET_CHARS", "target")
@@ -63,10 +63,9 @@ def attribute_endpoint(api, body) -> dict:
     contrast = request.contrast if request.contrast is not None and request.contrast.strip() else None
     if request.method == "attention":
         contrast = None                                     # weights do not depend on the predicted token
-    lab = api.lab_model
     try:
         with api.lock, torch.enable_grad():
-            result = why(lab.model, lab.source, lab.target, request.source, target, request.method, contrast,
+            result = why(lab.model, lab.source, lab.target, source, target, request.method, contrast,
                          request.steps, request.row)
     except UsageError as error:
         field = "source" if error.field == "sentence" else error.field

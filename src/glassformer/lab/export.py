@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from ..lesson import examples
-from .api import DEFAULT_SOURCE, DEFAULT_TARGET, LabAPI
+from .api import DEFAULT_SOURCE, DEFAULT_TARGET, LabAPI, lesson_text
 from .server import STATIC_DIR
 
 MASKS = ("none", "causal", "padding")
@@ -75,9 +75,10 @@ def export_data(api: LabAPI) -> dict:
     """Everything the four views show, computed once."""
     block = api.block()
     sentence = {}
+    source = lesson_text(DEFAULT_SOURCE, api.lab_model.source)
     for positions in (True, False):
         flag = 1 if positions else 0
-        original = api.sentence({"source": DEFAULT_SOURCE, "target": DEFAULT_TARGET, "positions": positions})
+        original = api.sentence({"source": source, "target": DEFAULT_TARGET, "positions": positions})
         sentence[f"{flag}|0"] = original
         swapped = swapped_source(original["source"])
         if swapped is not None:

@@ -1,0 +1,107 @@
+"""Quality at each decoding precision, on one trained run folder: what `--dtype` costs in translation.
+
+    python -m benchmarks.quality --run runs/default          # HSK test greedy + beam 4, p(him), probes
+
+For float32, bfloat16 and int8 (glassformer.inference.precision.with_precision): sacreBLEU BLEU and chrF on
+the HSK test split (raw input, greedy and beam 4), p(him | BOS I gave) for the lesson sentence, and the
+greedy translations of the probe sentences (datasets.PROBE_SENTENCES), each with whether it equals
+float32's. Targets (the precision issue): BLEU within 0.3 of float32, p(him) within 0.02.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+BLEU_TOLERANCE, P_HIM_TOLERANCE = 0.3, 0.02
+
+
+def p_next(translator, source: str, prefix: str, word: str) -> float:
+    """p(word | BOS prefix) at the last prefix row, for the source sentence, through the translator's model."""
+    import torch
+
+    model, src_tok, tgt_tok = translator.model, translator.source, translator.target
+    cfg = model.cfg
+    src = torch.tensor([src_tok.encode(source)])
+    tgt = torch.tensor([[cfg.bos_id, *tgt_tok.encode(prefix)]])
+    (target_id,) = tgt_tok.encode(" " + word) or tgt_tok.encode(word)
+    with torch.inference_mode():
+        memory = model.encode(src)
+        logits = model.decode_step(tgt, memory, src == cfg.pad_id, model.new_cache())    # (1, tgt, vocab)
+    return float(torch.softmax(logits[0, -1].float(), dim=-1)[target_id])
+
+
+def measure(run: str, dtypes: tuple[str, ...]) -> dict:
+    import torch
+
+    from glassformer.inference.precision import cpu_precision_support, with_precision
+    from glassformer.lesson.examples import LESSON_SENTENCES
+    from glassformer.translation.datasets import PROBE_SENTENCES, load_split
+    from glassformer.translation.evaluate import evaluate_pairs
+    from glassformer.translation.translator import Translator
+
+    torch.set_num_threads(torch.get_num_threads())
+    base = Translator.load(run)
+    float32 = base.model
+    test = load_split("test")
+    rows, reference = [], {}
+    for dtype in dtypes:
+        base.model = with_precision(float32, dtype, note=False)
+        row = {"dtype": dtype}
+        for beam in (1, 4):
+            start = time.perf_counter()
+            s = evaluate_pairs(base, test, beam=beam)
+            row[f"beam{beam}"] = {"bleu": round(s.bleu, 2), "chrf": round(s.chrf, 2),
+                                  "seconds": round(time.perf_counter() - start, 1)}
+        row["p_him"] = round(p_next(base, LESSON_SENTENCES[0], "I gave", "him"), 4)
+        row["probes"] = base.translate(list(PROBE_SENTENCES))
+        rows.append(row)
+        reference = reference or row
+    for row in rows:
+        row["bleu_delta"] = {b: round(row[b]["bleu"] - reference[b]["bleu"], 2) for b in ("beam1", "beam4")}
+        row["p_him_delta"] = round(row["p_him"] - reference["p_him"], 4)
+        row["probes_equal"] = [a == b for a, b in zip(row["probes"], reference["probes"], strict=True)]
+        row["holds"] = (all(abs(d) <= BLEU_TOLERANCE for d in row["bleu_delta"].values())
+                        and abs(row["p_him_delta"]) <= P_HIM_TOLERANCE)
+    return {"run": run, "cpu": cpu_precision_support().as_dict(), "torch": torch.__version__,
+            "probe_sentences": list(PROBE_SENTENCES), "rows": rows}
+
+
+def markdown(report: dict) -> str:
+    lines = ["| dtype | HSK test BLEU / chrF, greedy | beam 4 | ΔBLEU greedy / beam 4 | p(him) | probes = float32 |",
+             "|---|---|---|---|---|---|"]
+    for r in report["rows"]:
+        lines.append(f"| {r['dtype']} | {r['beam1']['bleu']:.2f} / {r['beam1']['chrf']:.2f} | "
+                     f"{r['beam4']['bleu']:.2f} / {r['beam4']['chrf']:.2f} | "
+                     f"{r['bleu_delta']['beam1']:+.2f} / {r['bleu_delta']['beam4']:+.2f} | {r['p_him']:.4f} | "
+                     f"{sum(r['probes_equal'])} of {len(r['probes_equal'])} |")
+    lines.append("")
+    for sentence, *outs in zip(report["probe_sentences"], *[r["probes"] for r in report["rows"]], strict=True):
+        lines.append(f"- {sentence} " + " · ".join(f"{r['dtype']}: {o}" for r, o in zip(report["rows"], outs,
+                                                                                          strict=True)))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__.split("\n\n")[0])
+    p.add_argument("--run", required=True, help="a glassformer run folder")
+    p.add_argument("--dtypes", default="float32,bfloat16,int8", help="comma-separated, float32 first")
+    p.add_argument("--out", help="JSON report (and .md beside it)")
+    args = p.parse_args(argv)
+    if not (Path(args.run) / "config.json").is_file():
+        print(f"--run: {args.run} holds no run (no config.json)", file=sys.stderr)
+        return 2
+    report = measure(args.run, tuple(args.dtypes.split(",")))
+    text = markdown(report)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1, ensure_ascii=False))
+        Path(args.out).with_suffix(".md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
