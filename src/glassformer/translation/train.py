@@ -26,6 +26,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from ..errors import UsageError
+from ..inference.precision import precision_note
 from ..inference.threads import training_threads
 from ..model import ModelConfig, Transformer
 from ..validation import validate
@@ -66,8 +67,7 @@ def noam_lr(step: int, d_model: int, factor: float, warmup: int) -> float:
 
 def noam_schedule(optimizer: torch.optim.Optimizer, d_model: int, factor: float, warmup: int,
                   done: int = 0) -> LambdaLR:
-    """The Noam schedule as a LambdaLR: optimizer step k (from 1) runs at noam_lr(k); `done` steps are
-    already behind (a resumed run)."""
+    """The Noam schedule as a LambdaLR: step k (from 1) runs at noam_lr(k); `done` steps are already behind."""
     for group in optimizer.param_groups:
         group["initial_lr"] = 1.0                       # the schedule gives the learning rate itself
     return LambdaLR(optimizer, lambda taken: noam_lr(taken + 1, d_model, factor, warmup), last_epoch=done - 1)
@@ -78,8 +78,7 @@ class LossModule(nn.Module):
 
     def __init__(self, model: Transformer, label_smoothing: float) -> None:
         super().__init__()
-        self.model = model
-        self.label_smoothing = label_smoothing
+        self.model, self.label_smoothing = model, label_smoothing
 
     def forward(self, src, tgt_in, labels):
         return self.model.loss(src, tgt_in, labels, self.label_smoothing)[0]
@@ -298,6 +297,8 @@ class Trainer:
               f"glosses), {sum(p.numel() for p in self.model.parameters()):,} parameters, "
               f"{len(self.epoch_groups(0))} steps/epoch, device {self.device}, world {self.dist.world}, "
               f"{self.settings.dtype}", file=sys.stderr)
+        if self.settings.dtype == "bfloat16" and self.device.type == "cpu" and precision_note("bfloat16"):
+            print(precision_note("bfloat16").replace("expect it", "expect training"), file=sys.stderr)
         note = PRESETS.get(self.settings.preset, {}).get("note")
         if note:
             print(f"preset {self.settings.preset}: {note}", file=sys.stderr)
