@@ -37,8 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .pipe import JsonWorker
-from .run import _child_env
+from .pipe import JsonWorker, child_env
 
 HERE = Path(__file__).resolve().parent
 ALPHA = 1.0                                   # beam length penalty: score / len^alpha, for every system
@@ -258,7 +257,7 @@ class WorkerProcess(JsonWorker):
         for flag, value in (("--run", args.run), ("--ct2", args.ct2), ("--hf", args.hf)):
             if value:
                 cmd += [flag, str(value)]
-        super().__init__(name, cmd, HERE.parent, _child_env(args.threads), {"quit": True})
+        super().__init__(name, cmd, HERE.parent, child_env(args.threads), {"quit": True})
         self.loaded = self.read()
 
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from .pipe import JsonWorker
+from .pipe import WAIT_POLICY, JsonWorker
+from .pipe import child_env as _child_env
 from .stats import speedup, summary
 from .systems import SYSTEMS
 
@@ -137,9 +138,6 @@ class WorkerProcess(JsonWorker):
         super().__init__(name, cmd, _harness_of(src), _child_env(threads, src), {"case": "quit"})
 
 
-WAIT_POLICY = "PASSIVE"
-
-
 def _system_of(name: str) -> str:
     return "glassformer" if name == BASELINE else name
 
@@ -150,20 +148,6 @@ def _harness_of(src: str | None) -> Path:
     if src and (Path(src).resolve().parent / "benchmarks" / "worker.py").is_file():
         return Path(src).resolve().parent
     return HERE.parent
-
-
-def _child_env(threads: int, src: str | None = None) -> dict:
-    """The same environment for every worker. OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead
-    of spinning, so on a machine busy with other work a parallel region does not wait on a descheduled
-    thread (with the default policy, 2 threads on 2 busy cores ran 10-100x slower)."""
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
-               TRANSFORMERS_VERBOSITY="error", HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
-    if WAIT_POLICY:
-        env["OMP_WAIT_POLICY"] = WAIT_POLICY
-    src = src or str(HERE.parent / "src")
-    env["PYTHONPATH"] = src + os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else src
-    return env
 
 
 def measure(case: Case, workers: dict[str, WorkerProcess], log) -> None:
