@@ -19,31 +19,31 @@ from pathlib import Path
 BLEU_TOLERANCE, P_HIM_TOLERANCE = 0.3, 0.02
 
 
-def p_next(translator, source: str, prefix: str, word: str) -> float:
-    """p(word | BOS prefix) at the last prefix row, for the source sentence, through the translator's model."""
+def p_next(translator, source: str, target: str, word: str) -> float:
+    """p(word | BOS and the target before it) for `source`: the row and token that patching measures
+    (translation.patching.focus_row), through the translator's (possibly bf16/int8) model."""
     import torch
 
-    model, src_tok, tgt_tok = translator.model, translator.source, translator.target
-    cfg = model.cfg
-    src = torch.tensor([src_tok.encode(source)])
-    tgt = torch.tensor([[cfg.bos_id, *tgt_tok.encode(prefix)]])
-    (target_id,) = tgt_tok.encode(" " + word) or tgt_tok.encode(word)
+    from glassformer.translation.patching import focus_row
+
+    row, token, ids = focus_row(translator.target, target, word)
+    model = translator.model
+    src = torch.tensor([translator.source.encode(source)])
+    tgt = torch.tensor([[model.cfg.bos_id, *ids[:row]]])                    # (1, row + 1): BOS I gave
     with torch.inference_mode():
-        memory = model.encode(src)
-        logits = model.decode_step(tgt, memory, src == cfg.pad_id, model.new_cache())    # (1, tgt, vocab)
-    return float(torch.softmax(logits[0, -1].float(), dim=-1)[target_id])
+        logits = model.decode_step(tgt, model.encode(src), src == model.cfg.pad_id, model.new_cache())
+    return float(torch.softmax(logits[0, -1].float(), dim=-1)[token])
 
 
 def measure(run: str, dtypes: tuple[str, ...]) -> dict:
     import torch
 
     from glassformer.inference.precision import cpu_precision_support, with_precision
-    from glassformer.lesson.examples import LESSON_SENTENCES
+    from glassformer.lesson.examples import LESSON_PREDICT, LESSON_SENTENCES, LESSON_TARGET
     from glassformer.translation.datasets import PROBE_SENTENCES, load_split
     from glassformer.translation.evaluate import evaluate_pairs
     from glassformer.translation.translator import Translator
 
-    torch.set_num_threads(torch.get_num_threads())
     base = Translator.load(run)
     float32 = base.model
     test = load_split("test")
@@ -56,7 +56,7 @@ def measure(run: str, dtypes: tuple[str, ...]) -> dict:
             s = evaluate_pairs(base, test, beam=beam)
             row[f"beam{beam}"] = {"bleu": round(s.bleu, 2), "chrf": round(s.chrf, 2),
                                   "seconds": round(time.perf_counter() - start, 1)}
-        row["p_him"] = round(p_next(base, LESSON_SENTENCES[0], "I gave", "him"), 4)
+        row["p_him"] = round(p_next(base, LESSON_SENTENCES[0], LESSON_TARGET, LESSON_PREDICT), 4)
         row["probes"] = base.translate(list(PROBE_SENTENCES))
         rows.append(row)
         reference = reference or row
@@ -94,7 +94,18 @@ def main(argv: list[str] | None = None) -> int:
     if not (Path(args.run) / "config.json").is_file():
         print(f"--run: {args.run} holds no run (no config.json)", file=sys.stderr)
         return 2
-    report = measure(args.run, tuple(args.dtypes.split(",")))
+    from glassformer.errors import UsageError
+    from glassformer.inference.precision import DTYPES
+
+    dtypes = tuple(args.dtypes.split(","))
+    if dtypes[0] != "float32" or not set(dtypes) <= set(DTYPES):
+        print(f"--dtypes: float32 first, then any of {', '.join(DTYPES)}; got {args.dtypes!r}", file=sys.stderr)
+        return 2
+    try:
+        report = measure(args.run, dtypes)
+    except UsageError as error:                                             # e.g. int8 without torchao
+        print(error, file=sys.stderr)
+        return 2
     text = markdown(report)
     print(text)
     if args.out:

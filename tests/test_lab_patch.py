@@ -46,3 +46,14 @@ def test_bad_bodies_are_400_naming_the_field(api, body, field, words):
     with pytest.raises(UsageError) as caught:
         api.patch(body)
     assert caught.value.status == 400 and caught.value.field.split("[")[0] == field and words in str(caught.value)
+
+
+def test_null_sentences_mean_the_lesson_defaults_and_bad_lists_are_refused(api):
+    """clean / corrupt given as null are the lesson's pair (a null once reached a length check: TypeError)."""
+    want = api.patch({})
+    assert api.patch({"clean": None, "corrupt": None})["heads"] == want["heads"]
+    for body, field in (({"corrupt": []}, "corrupt"), ({"corrupt": [None]}, "corrupt[0]"),
+                        ({"corrupt": ["我"] * 500}, "corrupt")):
+        with pytest.raises(UsageError, match=field.replace("[", r"\[")) as error:
+            api.patch(body)
+        assert error.value.status == 400

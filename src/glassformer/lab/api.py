@@ -68,8 +68,8 @@ class PatchBody(Schema):
     (clean and corrupt default to the lesson's pair, as `lesson_text` writes it for the model)."""
 
     clean: Text | None = None
-    corrupt: Annotated[list[Text] | None, BeforeValidator(_one_or_many),
-                       Field(min_length=1, max_length=MAX_CORRUPT)] = None
+    corrupt: Annotated[Annotated[list[Text], Field(min_length=1, max_length=MAX_CORRUPT)] | None,
+                       BeforeValidator(_one_or_many)] = None
     target: Text = DEFAULT_TARGET
     predict: Text = examples.LESSON_PREDICT
     positions: bool = True
