@@ -217,7 +217,7 @@ class _PrefixCache:
     def __init__(self) -> None:
         self.prefixes: list[tuple[int, ...]] | None = None
 
-    def reorder(self, index: torch.Tensor) -> None:
+    def reorder(self, index: torch.Tensor, *, same_source: bool = False) -> None:
         self.prefixes = [self.prefixes[i] for i in index.tolist()]
 
 

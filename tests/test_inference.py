@@ -145,6 +145,22 @@ def test_kv_cache_reorder_keeps_the_right_rows_and_drops_the_others():
     assert cache.k[mha].shape == (1, 2, 8, 4) and cache.k[mha][0, 0, :2, 0].tolist() == [0.0, 10.0]
 
 
+def test_kv_cache_reorder_with_the_same_source_moves_self_rows_and_keeps_cross_rows():
+    mha, cross = torch.nn.Module(), torch.nn.Module()
+    cache = KVCache(capacity=4)
+    row = torch.arange(4.0).view(4, 1, 1, 1).expand(4, 1, 1, 2)
+    cache.update(mha, row, row)
+    cache.advance(1)
+    kv = (torch.arange(4.0).view(4, 1, 1, 1).expand(4, 1, 3, 2),) * 2
+    cache.cross[cross] = kv
+    cache.reorder(torch.tensor([1, 1, 3, 2]), same_source=True)              # beams within their sentences
+    assert cache.k[mha][:, 0, 0, 0].tolist() == [1.0, 1.0, 3.0, 2.0]
+    assert cache.cross[cross] is kv                                          # untouched, not copied
+    cache.reorder(torch.tensor([3, 2]))                                      # a sentence left: cross follows
+    assert cache.cross[cross][0][:, 0, 0, 0].tolist() == [3.0, 2.0]
+    assert cache.k[mha][:, 0, 0, 0].tolist() == [2.0, 3.0]
+
+
 def test_kv_cache_grows_past_its_capacity():
     m = model(positions="rope")
     src, tgt = source()[:2], torch.randint(4, 50, (2, 5))

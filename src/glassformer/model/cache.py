@@ -61,12 +61,17 @@ class KVCache:
             self._source = (weakref.ref(src_pad), src_pad if bool(src_pad.any()) else None)
         return self._source[1]
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows `index` (batch,) or fewer: beams follow their parents, finished sentences leave."""
-        self._source = None
+    def reorder(self, index: Tensor, *, same_source: bool = False) -> None:
+        """Keep batch rows `index` (batch,) or fewer: beams follow their parents, finished sentences leave.
+
+        same_source: row i of `index` reads the same source as row i did (beams of one sentence moving
+        within it, no sentence leaving), so the cross-attention K/V rows stay as they are."""
         for buffers in (self.k, self.v):
             for attention, t in buffers.items():
                 buffers[attention] = self._take(t, index)
+        if same_source:
+            return
+        self._source = None
         self.cross = {attention: (k.index_select(0, index), v.index_select(0, index))
                       for attention, (k, v) in self.cross.items()}
 

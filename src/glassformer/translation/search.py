@@ -213,7 +213,9 @@ def generate(model, src: Tensor, search: Greedy | BeamSearch, src_pad: Tensor | 
     """The n_best hypotheses of each sentence of a batch, best first (n_best <= the beam).
 
     `model` is anything with the decoding API (cfg, encode, new_cache, decode_step); the cache keeps
-    batch rows `index` on `cache.reorder(index)`.
+    batch rows `index` on `cache.reorder(index, same_source=...)`. The K beams of a sentence share its
+    source rows: cross-attention's K/V, `memory` and `src_pad` are re-indexed only when a sentence leaves,
+    and nothing is when every row continues itself (greedy until a sentence ends).
     """
     K = search.beam
     if not 1 <= n_best <= K:
@@ -231,12 +233,16 @@ def generate(model, src: Tensor, search: Greedy | BeamSearch, src_pad: Tensor | 
     for length in itertools.count(1):                                        # tokens generated so far
         logits = model.decode_step(tokens, memory, src_pad, cache)[:, -1]   # (alive*K, vocab)
         log_probs = _log_probs(logits, cfg.pad_id).view(len(beams.alive), K, -1)  # (alive, K, vocab)
+        n_rows = len(tokens)
         index = beams.advance(*search.step(log_probs, beams.scores), length)
         if not index:
             break
-        index_t = torch.tensor(index, device=src.device)
-        cache.reorder(index_t)                                               # beams follow their parents
-        memory, src_pad = memory[index_t], src_pad[index_t]
+        left = len(index) < n_rows                                           # a sentence left the batch
+        if left or index != list(range(n_rows)):                             # else every row continues itself
+            index_t = torch.tensor(index, device=src.device)
+            cache.reorder(index_t, same_source=not left)                     # beams follow their parents
+            if left:                                                         # a sentence's beams share a source
+                memory, src_pad = memory[index_t], src_pad[index_t]
         tokens = torch.tensor(beams.tokens, dtype=torch.long, device=src.device)[:, None]
     return [f.result() for f in beams.finished]
 
