@@ -7,7 +7,8 @@
 
 The copy has the same classes' forwards; only modules are swapped: every nn.Linear for a
 `PreparedLinear` (W laid out once, weights.py), each self-attention's W^Q, W^K, W^V for one product
-[W^Q | W^K | W^V], every hook point and every dropout (identity in eval) for an inert identity (nothing
+[W^Q | W^K | W^V], every LayerNorm for one that calls the op without the functional wrapper (and
+ReLU likewise), every hook point and every dropout (identity in eval) for an inert identity (nothing
 fires; to observe or intervene, run the model itself), and attention on SDPA. Its modules are called
 straight through `forward`, without nn.Module's hook dispatch, and find their children by plain
 attribute lookup: a decoding step is about 60 module calls, and at batch 1 that dispatch was a third
@@ -21,6 +22,7 @@ import copy
 import functools
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..model.attention import MultiHeadAttention, SelfAttention
@@ -33,8 +35,15 @@ class FusedSelfAttention(SelfAttention):
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         h = self.heads
-        q, k, v = self.w_qkv(x).split((h * self.d_k, h * self.d_k, h * self.d_v), dim=-1)
+        q, k, v = self.w_qkv(x).split_with_sizes((h * self.d_k, h * self.d_k, h * self.d_v), dim=-1)
         return self.split_heads(q, self.d_k), self.split_heads(k, self.d_k), self.split_heads(v, self.d_v)
+
+
+class PreparedLayerNorm(nn.LayerNorm):
+    """nn.LayerNorm calling the op itself, without the functional wrapper: the same numbers."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
 class Inert(nn.Module):
@@ -72,6 +81,10 @@ def prepare(model: nn.Module, onednn: bool = ONEDNN) -> nn.Module:
             module.__class__ = FusedSelfAttention
             module.w_qkv = PreparedLinear(torch.cat([w.weight for w in weights]), bias, onednn)
             del module.w_q, module.w_k, module.w_v
+        if type(module) is nn.LayerNorm:
+            module.__class__ = PreparedLayerNorm
+        if getattr(module, "activation", None) is F.relu:                    # FeedForward: the op itself
+            module.activation = torch.relu
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(module, name, PreparedLinear.of(child, onednn))
