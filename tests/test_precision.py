@@ -180,6 +180,7 @@ def test_the_note_says_when_a_precision_will_not_pay():
     note = precision_note("bfloat16", avx2)
     assert note is not None and "\n" not in note and "AVX-512-BF16" in note and "slower than float32" in note
     assert "VNNI" in precision_note("int8", avx2)
+    assert "expect training slower than float32" in precision_note("bfloat16", avx2, subject="training")
     amx = CpuSupport("AVX512", frozenset({"avx512f", "amx_bf16", "amx_int8"}), True)
     assert precision_note("bfloat16", amx) is None and precision_note("int8", amx) is None
     vnni = CpuSupport("AVX2", frozenset({"avx2", "avx_vnni"}), True)

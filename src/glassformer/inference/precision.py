@@ -100,16 +100,16 @@ def cpu_precision_support(cpuinfo: str = "/proc/cpuinfo") -> CpuSupport:
     return CpuSupport(capability, cpu_flags(text), True)
 
 
-def precision_note(dtype: str, support: CpuSupport | None = None) -> str | None:
+def precision_note(dtype: str, support: CpuSupport | None = None, subject: str = "it") -> str | None:
     """One line when the CPU lacks the instructions that make `dtype` pay; None when it has them
-    (or when the flags cannot be read, or for float32)."""
+    (or when the flags cannot be read, or for float32). `subject`: what to expect slower ("training")."""
     check_dtype(dtype)
     support = cpu_precision_support() if support is None else support
     if dtype == "float32" or not support.flags_known:
         return None
     if dtype == "bfloat16" and not support.bf16:
         return (f"note: bfloat16 on a CPU without AVX-512-BF16 or AMX (torch: {support.capability}): "
-                "expect it slower than float32")
+                f"expect {subject} slower than float32")
     if dtype == "int8" and not support.int8:
         return (f"note: int8 on a CPU without VNNI or AMX-INT8 (torch: {support.capability}): "
                 "expect little or no gain over float32")

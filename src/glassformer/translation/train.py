@@ -297,8 +297,8 @@ class Trainer:
               f"glosses), {sum(p.numel() for p in self.model.parameters()):,} parameters, "
               f"{len(self.epoch_groups(0))} steps/epoch, device {self.device}, world {self.dist.world}, "
               f"{self.settings.dtype}", file=sys.stderr)
-        if slow := self.settings.dtype == "bfloat16" and self.device.type == "cpu" and precision_note("bfloat16"):
-            print(slow.replace("expect it", "expect training"), file=sys.stderr)
+        if self.device.type == "cpu" and (slow := precision_note(self.settings.dtype, subject="training")):
+            print(slow, file=sys.stderr)
         note = PRESETS.get(self.settings.preset, {}).get("note")
         if note:
             print(f"preset {self.settings.preset}: {note}", file=sys.stderr)
