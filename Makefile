@@ -17,7 +17,7 @@ venv: $(STAMP)
 data: $(TATOEBA)
 
 $(TATOEBA): $(STAMP)
-	$(PY) -m glassformer.translation.sources
+	$(PY) -m glassformer.data.sources
 
 # torch 2.13.0 first (the CPU build lies on local disk), then the project with a range it satisfies.
 $(STAMP): pyproject.toml

@@ -24,7 +24,7 @@ def p_next(translator, source: str, target: str, word: str) -> float:
     (translation.patching.focus_row), through the translator's (possibly bf16/int8) model."""
     import torch
 
-    from glassformer.translation.patching import focus_row
+    from glassformer.interpret.patching import focus_row
 
     row, token, ids = focus_row(translator.target, target, word)
     model = translator.model
@@ -38,11 +38,11 @@ def p_next(translator, source: str, target: str, word: str) -> float:
 def measure(run: str, dtypes: tuple[str, ...]) -> dict:
     import torch
 
+    from glassformer.data.datasets import PROBE_SENTENCES, load_split
+    from glassformer.decoding.evaluate import evaluate_pairs
+    from glassformer.decoding.translator import Translator
     from glassformer.inference.precision import cpu_precision_support, with_precision
     from glassformer.lesson.examples import LESSON_PREDICT, LESSON_SENTENCES, LESSON_TARGET
-    from glassformer.translation.datasets import PROBE_SENTENCES, load_split
-    from glassformer.translation.evaluate import evaluate_pairs
-    from glassformer.translation.translator import Translator
 
     base = Translator.load(run)
     float32 = base.model

@@ -120,14 +120,14 @@ class Glassformer:
 
     @classmethod
     def load(cls, run: str, dtype: str, threads: int) -> Glassformer:
-        from glassformer.translation.checkpoint import load_translator_parts
+        from glassformer.data.checkpoint import load_translator_parts
         return cls(load_translator_parts(run)[0], dtype, threads)
 
     def translate(self, sources: list[list[int]], beam: int, batch: int) -> list[list[int]]:
         import torch
 
+        from glassformer.decoding.search import generate, strategy
         from glassformer.inference import decoding_threads, use_threads
-        from glassformer.translation.search import generate, strategy
         out: list[list[int]] = [[] for _ in sources]
         search = strategy(beam)
         with use_threads(decoding_threads(batch * beam, self.threads)):
@@ -329,8 +329,8 @@ def systems(args) -> list[str]:
 
 def sentences(run: str, limit: int | None, exports: Sequence[str]):
     """(source ids, reference English, target tokenizer, per-export source-tokenizer mismatches)."""
-    from glassformer.translation.checkpoint import load_translator_parts
-    from glassformer.translation.datasets import load_split
+    from glassformer.data.checkpoint import load_translator_parts
+    from glassformer.data.datasets import load_split
     model, source, target, _ = load_translator_parts(run)
     pairs = [*load_split("test"), *load_split("tatoeba")][:limit]
     ids = [source.encode(p.zh)[: model.cfg.max_len] for p in pairs]          # glassformer's own cut (--truncate)
@@ -345,7 +345,7 @@ def sentences(run: str, limit: int | None, exports: Sequence[str]):
 
 
 def race(args) -> dict:
-    from glassformer.translation.evaluate import score
+    from glassformer.decoding.evaluate import score
 
     from .stats import speedup, summary
     names = systems(args)

@@ -162,13 +162,13 @@ class Glassformer(System):
 
     @torch.inference_mode()
     def beam(self, src: Tensor, n_new: int, beams: int) -> Tensor:
-        """glassformer.translation.search.beam_search capped at n_new tokens (the project's own beam search).
+        """glassformer.decoding.search.beam_search capped at n_new tokens (the project's own beam search).
 
         It stops a hypothesis at EOS; the harness checks that every one ran the full n_new steps.
         """
         m = self.decoder
         try:
-            from glassformer.translation.search import beam_search
+            from glassformer.decoding.search import beam_search
         except ImportError:
             return self._beam_loop(src, n_new, beams)
         with self.threads(src.size(0) * beams):

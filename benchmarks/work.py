@@ -93,8 +93,8 @@ def corpus_pairs(limit: int | None = None, seed: int = 0) -> list[tuple[list[int
 
     `limit` keeps a seeded random subset (the same one for every system).
     """
-    from glassformer.translation.corpus import load_corpus
-    from glassformer.translation.tokenize import SourceTokenizer, TargetTokenizer
+    from glassformer.data.corpus import load_corpus
+    from glassformer.data.tokenize import SourceTokenizer, TargetTokenizer
 
     train = load_corpus().train
     source = SourceTokenizer.train(p.zh_units for p in train)
@@ -116,8 +116,8 @@ def fixed_size_batches(pairs: list[tuple[list[int], list[int]]], batch: int, see
 
 
 def bucketed_batches(pairs: list[tuple[list[int], list[int]]], max_tokens: int, seed: int) -> list[Pairs]:
-    """glassformer's token-count length bucketing (glassformer.translation.batching.make_batches)."""
-    from glassformer.translation.batching import Example, make_batches
+    """glassformer's token-count length bucketing (glassformer.data.batching.make_batches)."""
+    from glassformer.data.batching import Example, make_batches
 
     examples = [Example(s, t) for s, t in pairs]
     groups = make_batches(examples, max_tokens=max_tokens, seed=seed, epoch=0)

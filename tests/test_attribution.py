@@ -1,4 +1,4 @@
-"""Attribution (translation/attribution.py, why.py) and the logit lens (lens.py) on small seeded models:
+"""Attribution (interpret/attribution.py, why.py) and the logit lens (lens.py) on small seeded models:
 completeness of integrated gradients, exact zeros where nothing can flow (PAD, future rows), contrast
 antisymmetry, the lens ending at the model's own probability, word merging, and one-line errors."""
 
@@ -12,11 +12,11 @@ import torch
 from glassformer import limits
 from glassformer.cli import main
 from glassformer.errors import UsageError
+from glassformer.interpret.attribution import GRADIENT_METHODS, METHODS, attribute, baseline_embeddings
+from glassformer.interpret.lens import logit_lens
+from glassformer.interpret.why import why, word_groups
 from glassformer.lab.models import untrained_model
 from glassformer.model import ModelConfig, Transformer
-from glassformer.translation.attribution import GRADIENT_METHODS, METHODS, attribute, baseline_embeddings
-from glassformer.translation.lens import logit_lens
-from glassformer.translation.why import why, word_groups
 
 # 我 昨天 给 了 他 一 本 书 。 as ids of a 20-unit source vocabulary; BOS I gave him a book yesterday .
 SRC = [4, 5, 6, 7, 8, 9, 10, 11, 12]
@@ -177,9 +177,9 @@ def test_why_on_the_untrained_lab_model_has_the_issues_shape(lab):
 
 
 def test_sub_word_pieces_are_summed_into_their_word(tmp_path):
-    from glassformer.translation.checkpoint import MODEL, save_run_files, save_weights
-    from glassformer.translation.tokenize import SourceTokenizer, TargetTokenizer
-    from glassformer.translation.translator import Translator
+    from glassformer.data.checkpoint import MODEL, save_run_files, save_weights
+    from glassformer.data.tokenize import SourceTokenizer, TargetTokenizer
+    from glassformer.decoding.translator import Translator
 
     target = TargetTokenizer.train(["I gave him a book yesterday.", "He gave me a book.", "I gave her a book."],
                                    vocab_size=120)
@@ -217,7 +217,7 @@ def test_sub_word_pieces_are_summed_into_their_word(tmp_path):
     (["--method", "shap"], "invalid choice"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, lab, argv, words):
-    from glassformer.translation.checkpoint import MODEL, save_run_files, save_weights
+    from glassformer.data.checkpoint import MODEL, save_run_files, save_weights
 
     save_run_files(tmp_path, lab.model.cfg, {}, lab.source, lab.target)
     save_weights(lab.model, tmp_path / MODEL)
@@ -231,7 +231,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, lab, argv, words):
 
 
 def test_attribute_json_is_the_documented_shape(tmp_path, capsys, lab):
-    from glassformer.translation.checkpoint import MODEL, save_run_files, save_weights
+    from glassformer.data.checkpoint import MODEL, save_run_files, save_weights
 
     save_run_files(tmp_path, lab.model.cfg, {}, lab.source, lab.target)
     save_weights(lab.model, tmp_path / MODEL)

@@ -7,8 +7,7 @@ import random
 import pytest
 import torch
 
-from glassformer.model import ModelConfig, Transformer
-from glassformer.translation.batching import (
+from glassformer.data.batching import (
     Example,
     collate,
     make_batches,
@@ -17,7 +16,8 @@ from glassformer.translation.batching import (
     rank_share,
     step_groups,
 )
-from glassformer.translation.tokenize import BOS, EOS, PAD
+from glassformer.data.tokenize import BOS, EOS, PAD
+from glassformer.model import ModelConfig, Transformer
 
 
 def _examples(n: int = 300, seed: int = 0) -> list[Example]:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from glassformer.data import checkpoint as ck
 from glassformer.model import ModelConfig, Transformer
-from glassformer.translation import checkpoint as ck
 
 
 def _tiny() -> Transformer:
@@ -107,7 +107,7 @@ def test_checkpoint_layout_keep_k_and_best(tmp_path):
 
 
 def test_loading_never_unpickles(tmp_path, monkeypatch):
-    from glassformer.translation.tokenize import SourceTokenizer, TargetTokenizer
+    from glassformer.data.tokenize import SourceTokenizer, TargetTokenizer
 
     src = SourceTokenizer.train([["我", "好"], ["你", "好"]])
     tgt = TargetTokenizer.train(["I am well", "you are well"], vocab_size=120)

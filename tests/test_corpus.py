@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from glassformer.translation.corpus import (
+from glassformer.data.corpus import (
     LESSON_SENTENCES,
     CorpusSplits,
     clean_records,

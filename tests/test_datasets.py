@@ -9,9 +9,9 @@ import unicodedata
 import pytest
 from opencc import OpenCC
 
-from glassformer.translation import sources
-from glassformer.translation.corpus import LESSON_SENTENCES, load_corpus
-from glassformer.translation.datasets import (
+from glassformer.data import sources
+from glassformer.data.corpus import LESSON_SENTENCES, load_corpus
+from glassformer.data.datasets import (
     PROBE_SENTENCES,
     dictionary_characters,
     dictionary_glosses,
@@ -21,9 +21,9 @@ from glassformer.translation.datasets import (
     load_tatoeba_splits,
     split_tatoeba,
 )
-from glassformer.translation.sources import DataMissing, DictEntry, TatoebaPair, parse_cedict, parse_tatoeba
-from glassformer.translation.tokenize import UNK
-from glassformer.translation.train import build_source_tokenizer
+from glassformer.data.sources import DataMissing, DictEntry, TatoebaPair, parse_cedict, parse_tatoeba
+from glassformer.data.tokenize import UNK
+from glassformer.training.loop import build_source_tokenizer
 
 T2S = OpenCC("t2s")
 
@@ -155,7 +155,7 @@ def test_missing_download_says_how_to_get_it(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_prepare_data_mixes_hsk_repeats_and_tatoeba(hsk, tatoeba) -> None:
-    from glassformer.translation.train import Recipe, prepare_data
+    from glassformer.training.loop import Recipe, prepare_data
 
     model = dict(d_model=32, heads=4, d_ff=64, encoder_layers=1, decoder_layers=1, dropout=0.0, max_len=64)
     data = prepare_data(Recipe(model=model, glosses=False, tatoeba=True, hsk_repeat=3), limit=40)

@@ -12,8 +12,7 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from glassformer.model import ModelConfig, Transformer
-from glassformer.translation.search import (
+from glassformer.decoding.search import (
     BeamSearch,
     Greedy,
     beam_search,
@@ -21,6 +20,7 @@ from glassformer.translation.search import (
     greedy,
     output_limits,
 )
+from glassformer.model import ModelConfig, Transformer
 
 
 def pad(sequences, pad_id: int = 0) -> torch.Tensor:

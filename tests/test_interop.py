@@ -16,9 +16,9 @@ pytestmark = pytest.mark.slow   # builds and trains a small Marian model in the 
 spm = pytest.importorskip("sentencepiece")
 
 from glassformer.cli import main  # noqa: E402
+from glassformer.data.checkpoint import load_translator_parts  # noqa: E402
+from glassformer.decoding.search import beam_search, greedy  # noqa: E402
 from glassformer.interop.importer import import_marian  # noqa: E402
-from glassformer.translation.checkpoint import load_translator_parts  # noqa: E402
-from glassformer.translation.search import beam_search, greedy  # noqa: E402
 
 ZH = ["我昨天给了他一本书。", "他昨天给了我一本书。", "你明天去学校吗？", "我喜欢喝茶。", "她很高兴。",
       "我们在北京学习中文。", "这本书很好看。", "今天天气很好。"]

@@ -18,21 +18,21 @@ from tokenizers import Tokenizer  # noqa: E402
 from torch.nn.utils.rnn import pad_sequence  # noqa: E402
 
 from glassformer.cli import main  # noqa: E402
+from glassformer.data.checkpoint import load_translator_parts, save_run_files, save_weights  # noqa: E402
+from glassformer.data.tokenize import BOS, EOS, PAD, SourceTokenizer, TargetTokenizer  # noqa: E402
+from glassformer.decoding.translator import Translator  # noqa: E402
 from glassformer.interop import marian, segmenter  # noqa: E402
 from glassformer.interop.export import export  # noqa: E402
 from glassformer.interop.importer import import_marian  # noqa: E402
 from glassformer.model import ModelConfig, Transformer  # noqa: E402
-from glassformer.translation.checkpoint import load_translator_parts, save_run_files, save_weights  # noqa: E402
-from glassformer.translation.recipes import with_characters  # noqa: E402
-from glassformer.translation.tokenize import BOS, EOS, PAD, SourceTokenizer, TargetTokenizer  # noqa: E402
-from glassformer.translation.translator import Translator  # noqa: E402
+from glassformer.training.prepare_data import with_characters  # noqa: E402
 
 NOT_IN_CORPUS = ["我昨天给了她三本书。", "你们明天去北京吗？", "他不喜欢喝咖啡！", "ABC 和 123", "我很高兴认识你。"]
 
 
 @pytest.fixture(scope="module")
 def corpus():
-    from glassformer.translation.corpus import load_corpus
+    from glassformer.data.corpus import load_corpus
 
     return load_corpus()
 

@@ -263,9 +263,9 @@ def test_a_missing_model_folder_named_by_the_user_is_a_usage_error(tmp_path):
 
 def test_a_run_folder_is_loaded_as_the_trained_translator_with_readable_pieces(tmp_path):
     """A folder written by the checkpoint code loads; BPE pieces show as words, never with ▁ or bytes."""
+    from glassformer.data.checkpoint import MODEL, save_run_files, save_weights
+    from glassformer.data.tokenize import SourceTokenizer, TargetTokenizer
     from glassformer.model import ModelConfig, Transformer
-    from glassformer.translation.checkpoint import MODEL, save_run_files, save_weights
-    from glassformer.translation.tokenize import SourceTokenizer, TargetTokenizer
 
     english = [DEFAULT_TARGET, "He gave me a book yesterday.", "I gave her a book."] * 3
     source = SourceTokenizer.train([NINE, list(examples.SIX_UNITS)])

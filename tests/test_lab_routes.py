@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from tests.test_lab_api import post_json, request
 
-from glassformer import paths
+from glassformer import options, paths
+from glassformer.data import corpus
 from glassformer.errors import UsageError
+from glassformer.interpret import patching
 from glassformer.lab.api import LabAPI, load_model, untrained_model
 from glassformer.lab.server import make_server, serve_in_thread
 from glassformer.lesson import examples
-from glassformer.translation import commands as translation_commands
-from glassformer.translation import corpus, patching
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "lab.md"
 
@@ -137,13 +137,13 @@ def test_default_model_dir_honours_the_environment(monkeypatch):
     assert paths.default_model_dir() == Path("runs/default")
     monkeypatch.setenv("GLASSFORMER_MODEL", "/data/my run")
     assert paths.default_model_dir("../..") == Path("/data/my run")
-    assert translation_commands.default_model_dir is paths.default_model_dir
+    assert options.default_model_dir is paths.default_model_dir
 
 
 def test_the_lab_without_model_uses_glassformer_model(tmp_path, monkeypatch):
+    from glassformer.data.checkpoint import MODEL, save_run_files, save_weights
+    from glassformer.data.tokenize import SourceTokenizer, TargetTokenizer
     from glassformer.model import ModelConfig, Transformer
-    from glassformer.translation.checkpoint import MODEL, save_run_files, save_weights
-    from glassformer.translation.tokenize import SourceTokenizer, TargetTokenizer
 
     monkeypatch.chdir(tmp_path)                                  # no runs/default here
     monkeypatch.setenv("GLASSFORMER_MODEL", str(tmp_path / "absent"))

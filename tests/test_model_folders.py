@@ -15,11 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from glassformer.cli import main
+from glassformer.data import checkpoint as ck
+from glassformer.data.tokenize import Vocab
 from glassformer.errors import UsageError
 from glassformer.lab.api import untrained_model
 from glassformer.model import ModelConfig
-from glassformer.translation import checkpoint as ck
-from glassformer.translation.tokenize import Vocab
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Activation patching (translation/patching.py): everything patched restores the clean run, nothing
+"""Activation patching (interpret/patching.py): everything patched restores the clean run, nothing
 patched restores nothing, and at the embedding only the position where the sentences differ matters."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from glassformer.errors import UsageError
+from glassformer.interpret.patching import focus_row, patch_scan
 from glassformer.model import ModelConfig, Transformer
-from glassformer.translation.patching import focus_row, patch_scan
 
 # 我 昨天 给 了 他/她 一 本 书 。 as ids of a 20-unit source vocabulary; BOS I gave him a book yesterday .
 CLEAN = [4, 5, 6, 7, 8, 9, 10, 11, 12]

@@ -9,6 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from glassformer.data.tokenize import BOS
+from glassformer.decoding.search import beam_search, greedy
 from glassformer.errors import UsageError
 from glassformer.inference import precision
 from glassformer.inference.precision import (
@@ -21,8 +23,6 @@ from glassformer.inference.precision import (
 )
 from glassformer.lesson import examples
 from glassformer.model import ModelConfig, Transformer
-from glassformer.translation.search import beam_search, greedy
-from glassformer.translation.tokenize import BOS
 
 # The lesson's pairs: 我昨天给了他一本书。-> I gave him a book yesterday., the six-unit 她 sentence, 她笑了.
 PAIRS = [(examples.NINE_UNITS, examples.TARGET_LABELS), (examples.SIX_UNITS, examples.BATCH_LABELS[0]),

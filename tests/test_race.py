@@ -15,8 +15,8 @@ from benchmarks import race
 from benchmarks.stats import speedup, summary
 from tokenizers import Tokenizer, models
 
+from glassformer.decoding.search import greedy
 from glassformer.model import ModelConfig, Transformer
-from glassformer.translation.search import greedy
 
 
 def test_sorted_batches_cover_every_sentence_once_shortest_first():

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from glassformer.translation.corpus import LESSON_SENTENCES, CorpusSplits, load_corpus
-from glassformer.translation.tokenize import (
+from glassformer.data.corpus import LESSON_SENTENCES, CorpusSplits, load_corpus
+from glassformer.data.tokenize import (
     BOS,
     EOS,
     PAD,
@@ -170,7 +170,7 @@ def test_target_tokenizer_json_round_trip(corpus: CorpusSplits, tgt: TargetToken
 def test_sentencepiece_source_units_are_sentencepiece_own_segmentation(corpus: CorpusSplits) -> None:
     """The SentencePiece vocabulary's counts make the unigram segmenter return SentencePiece's Viterbi
     pieces (on text it never trained on), and dictionary characters keep every Han character off <unk>."""
-    from glassformer.translation.recipes import han_runs, sentencepiece_tokenizer, train_sentencepiece
+    from glassformer.training.prepare_data import han_runs, sentencepiece_tokenizer, train_sentencepiece
 
     texts = [p.zh for p in corpus.train[:1500]]
     processor = train_sentencepiece(han_runs(texts), 1600)

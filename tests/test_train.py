@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from glassformer.data.batching import collate
+from glassformer.data.checkpoint import load_translator_parts, read_json
+from glassformer.training.commands import add_train_arguments
 from glassformer.errors import UsageError
-from glassformer.translation.batching import collate
-from glassformer.translation.checkpoint import load_translator_parts, read_json
-from glassformer.translation.commands import add_train_arguments
-from glassformer.translation.train import Trainer, noam_lr, noam_schedule, train
+from glassformer.training.loop import Trainer, train
+from glassformer.training.schedule import noam_lr, noam_schedule
 
 TINY = ["--preset", "tiny", "--limit", "48", "--max-tokens", "128", "--no-eval", "--quiet", "--log-every", "1",
         "--threads", "1"]
@@ -97,7 +98,7 @@ def test_resume_continues_the_same_loss_trajectory(tmp_path):
 @pytest.mark.slow
 def test_hsk_finish_epochs_train_on_the_hsk_examples_only(tmp_path):
     """--hsk-finish 1: the last epoch's steps cover exactly the HSK examples once, no Tatoeba pair."""
-    from glassformer.translation.train import Trainer
+    from glassformer.training.loop import Trainer
 
     trainer = Trainer(_args(tmp_path / "run", "--epochs", "3", "--hsk-finish", "1", "--tatoeba"))
     everything, hsk = trainer.data.examples, trainer.data.finish

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from glassformer.cli import main
-from glassformer.translation.recipes import PRESETS
-from glassformer.translation.settings import Preset, TrainSettings, check_settings, preset_settings
+from glassformer.training.presets import PRESETS
+from glassformer.training.settings import Preset, TrainSettings, check_settings, preset_settings
 
 TINY = ["train", "--preset", "tiny", "--limit", "48", "--max-tokens", "128", "--quiet", "--threads", "1"]
 
@@ -164,7 +164,7 @@ def test_settings_round_trip_and_replace():
 def test_data_source_switches_reach_the_saved_settings(tmp_path, capsys):
     """--no-tatoeba / --hsk-repeat override the preset (the recipe table's ablations use them)."""
     from glassformer.cli import build_parser
-    from glassformer.translation.settings import resolve_settings
+    from glassformer.training.settings import resolve_settings
 
     parser = build_parser()
     args = parser.parse_args(["train", "--preset", "default", "--no-tatoeba", "--hsk-repeat", "2", "--no-glosses"])
@@ -178,7 +178,7 @@ def test_data_source_switches_reach_the_saved_settings(tmp_path, capsys):
 def test_the_time_estimate_is_seconds_per_step_times_steps_left():
     """From the progress bar's numbers: 60 steps of this invocation (from step 500) in 15 s is 0.25 s per step;
     440 steps left -> 110 s, about 2 min."""
-    from glassformer.translation.train import estimate_line
+    from glassformer.training.loop import estimate_line
 
     line = estimate_line({"n": 560, "initial": 500, "total": 1000, "elapsed": 15.0, "rate": None})
     assert "250 ms per step" in line and "440 steps left" in line and "about 2 min" in line
@@ -223,7 +223,7 @@ def test_resume_keeps_the_run_settings_and_refuses_a_different_one(tmp_path, cap
 
 def _resumed(run: Path, *extra: str) -> TrainSettings:
     from glassformer.cli import build_parser
-    from glassformer.translation.settings import resumed_settings
+    from glassformer.training.settings import resumed_settings
 
     args = build_parser().parse_args([*TINY, "--out", str(run), "--resume", "--dtype", "bfloat16", *extra])
     saved = json.loads((run / "config.json").read_text())["train"]

@@ -386,3 +386,20 @@ def parameter_count_of(cfg: ModelConfig) -> int:
     from glassformer.model.config import parameter_count
 
     return parameter_count(cfg)
+
+
+@pytest.mark.parametrize("family", ["encoder-decoder", "encoder-only", "decoder-only"])
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "relative", "rope"])
+@pytest.mark.parametrize("switches", [
+    dict(),
+    dict(norm_placement="pre", bias=False),
+    dict(final_norm=True, head_bias=True, tie_target=False),
+    dict(share_embeddings=True, tie_target=False, final_norm=False),
+])
+def test_parameter_count_from_the_sizes_matches_the_built_model(family, positions, switches):
+    """ModelConfig's MAX_PARAMETERS check counts from the sizes alone; the built model must have exactly that
+    many (uneven d_k / d_v and two stack depths, so a swapped width or layer count shows)."""
+    cfg = ModelConfig(src_vocab=37, tgt_vocab=37, d_model=16, heads=2, d_k=6, d_v=3, d_ff=24, encoder_layers=2,
+                      decoder_layers=3, max_len=20, relative_clip=4, family=family, positions=positions,
+                      **switches)
+    assert parameter_count_of(cfg) == sum(p.numel() for p in build_model(cfg).parameters())

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from glassformer.cli import main
-from glassformer.translation.commands import add_train_arguments
-from glassformer.translation.train import train
-from glassformer.translation.translator import Translator
+from glassformer.training.commands import add_train_arguments
+from glassformer.decoding.translator import Translator
+from glassformer.training.loop import train
 
 LIMIT = 64  # the tiny preset's max_len
 
@@ -158,8 +158,8 @@ def test_evaluate_prints_bleu_and_chrf_with_signatures(model_dir, capsys, monkey
 def test_explain_of_a_greedy_output_cut_at_the_limit_ends_without_eos(model_dir):
     """A model that never chooses EOS (planted on its logits) runs to the output limit: the walk says it
     was cut, and its last row predicts the model's own choice, not EOS."""
-    from glassformer.translation.explain import explain, render
-    from glassformer.translation.search import output_limits
+    from glassformer.decoding.search import output_limits
+    from glassformer.interpret.explain import explain, render
 
     translator = Translator.load(model_dir)
     cfg = translator.model.cfg
@@ -266,8 +266,8 @@ def test_patch_bad_input_is_one_line_exit_2(model_dir, capsys, monkeypatch, case
 def test_dtype_decodes_through_a_converted_copy_and_names_bad_values(model_dir, capsys, monkeypatch):
     """--dtype bfloat16 / int8 run a converted copy (the reference stays float32); a tiny model's outputs
     may differ, so the check is that each precision prints one line per input and a bad name is exit 2."""
+    from glassformer.decoding.commands import _translator
     from glassformer.inference.precision import precision_of
-    from glassformer.translation.commands import _translator
 
     for dtype in ("float32", "bfloat16", "int8"):
         code, out, _ = _run(capsys, monkeypatch, ["translate", "--model", str(model_dir), "--dtype", dtype,

@@ -59,9 +59,9 @@ def test_walk_inputs_of_an_output_cut_at_the_models_limit_fit_the_model():
 
 @pytest.mark.slow
 def test_the_labs_sentence_view_reads_a_greedy_output_cut_at_the_models_limit(monkeypatch):
-    import glassformer.translation.explain as explain_module
+    import glassformer.interpret.explain as explain_module
+    from glassformer.decoding.search import Hypothesis
     from glassformer.lab.api import LabAPI, untrained_model
-    from glassformer.translation.search import Hypothesis
 
     lab = untrained_model()
     limit = lab.model.cfg.max_len

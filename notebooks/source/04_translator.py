@@ -23,7 +23,7 @@ import torch
 
 from glassformer.lab.api import load_model
 from glassformer.lesson import examples
-from glassformer.translation.tokenize import BOS
+from glassformer.data.tokenize import BOS
 
 # %% md zh
 # **这一章需要训练好的翻译模型**（`make demo` 会训练到 `runs/default`，或用 `GLASSFORMER_MODEL` 指向别的训练结果）。
@@ -214,17 +214,17 @@ fig.tight_layout()
 plt.show()
 
 # %% md zh
-# 同样的扫描在 glassformer 里是一个函数：`glassformer.translation.patching.lesson_patching`（命令行是
+# 同样的扫描在 glassformer 里是一个函数：`glassformer.interpret.patching.lesson_patching`（命令行是
 # `glassformer patch`，实验室里也有这张表）。它一次做两种破坏——“他”换成“她”，以及交换“我”与“他”——
 # 返回每一层、每一个 head 恢复的比例。上面手写的循环与它对照。
 # %% md en
-# The same scan is one function in glassformer: `glassformer.translation.patching.lesson_patching` (on the
+# The same scan is one function in glassformer: `glassformer.interpret.patching.lesson_patching` (on the
 # command line `glassformer patch`; the lab shows the same table). It runs both corruptions — 他 replaced by
 # 她, and 我 swapped with 他 — and returns the restored share for every layer and head. The hand-written loop
 # above is compared with it.
 
 # %%
-from glassformer.translation.patching import lesson_patching
+from glassformer.interpret.patching import lesson_patching
 
 nine = "／".join(units)
 corruptions = ("／".join(corrupt_units), "／".join(units[4:5] + units[1:4] + units[0:1] + units[5:]))

@@ -22,8 +22,8 @@ import torch
 
 from glassformer.lab.api import load_model
 from glassformer.lesson import examples
-from glassformer.translation.search import BeamSearch, generate, greedy, length_normalized, output_limits
-from glassformer.translation.tokenize import BOS, EOS
+from glassformer.decoding.search import BeamSearch, generate, greedy, length_normalized, output_limits
+from glassformer.data.tokenize import BOS, EOS
 
 # %% md zh
 # 需要训练好的翻译模型（`make demo` 会训练到 `runs/default`）才有像样的译文；没有时用种子固定、**未训练**的小模型：
@@ -118,7 +118,7 @@ print(T("teacher forcing 与逐步 + cache 的最大差：", "largest gap, teach
 # 其余最好的 $K$ 个继续。完成的句子按 $\text{score}/\text{len}^{\alpha}$ 比较（长度惩罚，$\alpha=1$）。
 # cache 跟着 beam 走：每一步按选中的父 beam 重排（`cache.reorder`），所以 batch 维是 $K$。
 #
-# 下面的循环为了好读写得很直白，规则与 `glassformer.translation.search` 的 `BeamSearch` 相同，最后两者对照。
+# 下面的循环为了好读写得很直白，规则与 `glassformer.decoding.search` 的 `BeamSearch` 相同，最后两者对照。
 # %% md en
 # ## 3. Beam search: keep K candidates at once
 #
@@ -129,7 +129,7 @@ print(T("teacher forcing 与逐步 + cache 的最大差：", "largest gap, teach
 # beams: each step it is reordered by the chosen parent beams (`cache.reorder`), so its batch size is $K$.
 #
 # The loop below is written plainly for reading; its rules are those of
-# `BeamSearch` in `glassformer.translation.search`, and the two are compared at the end.
+# `BeamSearch` in `glassformer.decoding.search`, and the two are compared at the end.
 
 # %%
 K, alpha = 3, 1.0

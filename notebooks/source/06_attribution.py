@@ -19,10 +19,10 @@
 import torch
 
 from glassformer.lab.api import load_model
-from glassformer.translation.attribution import attribute
-from glassformer.translation.lens import logit_lens
-from glassformer.translation.tokenize import BOS, EOS
-from glassformer.translation.why import why
+from glassformer.interpret.attribution import attribute
+from glassformer.interpret.lens import logit_lens
+from glassformer.data.tokenize import BOS, EOS
+from glassformer.interpret.why import why
 
 lab = load_model(MODEL_DIR)
 print(lab.origin)

@@ -2,6 +2,6 @@
 `glassformer train`)."""
 
 if __name__ == "__main__":
-    from glassformer.translation.train import main
+    from glassformer.training.commands import main
 
     main()

@@ -1,4 +1,4 @@
-"""Speed applied on purpose: `prepare(model)`, the same decoding as `glassformer.model`, faster on the CPU.
+"""inference: speed applied on purpose: `prepare(model)`, the same decoding as `glassformer.model`, faster on the CPU.
 
     fast = prepare(model)                 # a copy: prepared weights, no hooks, SDPA
     greedy(fast, src)                     # translation works with either the model or its prepared copy

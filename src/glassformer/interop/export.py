@@ -20,12 +20,12 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from ..data.checkpoint import find_run_root, load_translator_parts, write_json
+from ..data.sentencepiece import SentencePieceSource
 from ..errors import UsageError
 from ..model import ModelConfig
 from ..model.positions import sinusoidal_positions
-from ..translation.checkpoint import find_run_root, load_translator_parts, write_json
 from . import marian, segmenter
-from .spm import SentencePieceSource
 
 FORMATS = ("transformers", "ctranslate2")
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
@@ -158,9 +158,9 @@ def export(model_dir: str | Path, to: str, out: str | Path, quantization: str | 
 
 # ---- glassformer export ------------------------------------------------------------------------
 def add_export_arguments(parser) -> None:
-    from ..translation.commands import _add_model
+    from ..options import add_model_arguments
 
-    _add_model(parser)
+    add_model_arguments(parser)
     parser.add_argument("--to", required=True, choices=FORMATS, help="the engine to export for")
     parser.add_argument("--out", required=True, metavar="DIR", help="the folder to write (new or empty)")
     parser.add_argument("--quantization", choices=QUANTIZATIONS,
@@ -168,8 +168,8 @@ def add_export_arguments(parser) -> None:
 
 
 def export_command(args) -> int:
-    from ..translation.commands import _model_dir
+    from ..options import model_dir
 
-    files = export(_model_dir(args), args.to, args.out, args.quantization)
+    files = export(model_dir(args), args.to, args.out, args.quantization)
     print(f"{args.out}: {args.to} model ({', '.join(files)})")
     return 0

@@ -18,11 +18,11 @@ import torch
 from safetensors import safe_open
 
 from .. import limits
+from ..data.checkpoint import CONFIG, MODEL, VOCAB, read_run_json, save_weights, weight_shapes, write_json
+from ..data.sentencepiece import PAD_TOKEN, PieceVocab, SentencePieceSource, SentencePieceTarget, load_processor
 from ..errors import UsageError
 from ..model import ModelConfig, Transformer
-from ..translation.checkpoint import CONFIG, MODEL, VOCAB, read_run_json, save_weights, weight_shapes, write_json
 from . import marian
-from .spm import PAD_TOKEN, PieceVocab, SentencePieceSource, SentencePieceTarget, load_processor
 
 FORMAT = "Hugging Face Marian"
 

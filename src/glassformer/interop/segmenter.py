@@ -1,7 +1,7 @@
 """glassformer's source segmenter and target BPE in the `tokenizers` library's format, for exported models.
 
 The target side already is a `tokenizers` BPE: its JSON is written as it is. The source side
-(translation/tokenize.py: punctuation normalised, cut at typed separators, punctuation and symbols
+(data/tokenize.py: punctuation normalised, cut at typed separators, punctuation and symbols
 alone, Han runs segmented by the most probable split over the training word counts) becomes a
 `tokenizers` pipeline: normalizers for the punctuation, pre-tokenizers for the cuts, and a Unigram
 model whose scores are the same log-probabilities log(count / total).
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-from ..translation.tokenize import (
+from ..data.tokenize import (
     _ASCII_TO_FULLWIDTH,
     SPECIAL_TOKENS,
     UNK,

@@ -23,20 +23,20 @@ from pydantic import BeforeValidator, Field
 
 from .. import __version__, limits
 from ..errors import UsageError
+from ..interpret.explain import walk_sentence
+from ..interpret.patching import MAX_CORRUPT, lesson_patching
 from ..lesson import examples
 from ..lesson.views import lesson_batch
 from ..model import Recording, Transformer
-from ..translation.explain import walk_sentence
-from ..translation.patching import MAX_CORRUPT, lesson_patching
-from ..validation import Schema, Text, type_name, validate
+from ..validation import Schema, Text, type_name
+from .attribution_api import attribute_endpoint
+from .bodies import DEFAULT_SOURCE, DEFAULT_TARGET, checked_body, finite_json, lesson_text
 from .models import UNTRAINED_SEED, LabModel, load_model, untrained_model
 
 __all__ = ["DEFAULT_SOURCE", "DEFAULT_TARGET", "UNTRAINED_SEED", "LabAPI", "LabModel", "load_model",
            "untrained_model"]
 
 # The lesson's sentence, target and corruption (glassformer.lesson.examples), as the page shows them
-DEFAULT_SOURCE = examples.in_units(examples.NINE_UNITS)          # 我／昨天／给／了／他／一／本／书／。
-DEFAULT_TARGET = examples.LESSON_TARGET
 PATCH_CORRUPT = examples.in_units(examples.HER_UNITS)            # 他 → 她: does `him` still come out?
 BLOCK_TOKENS = ("我", "给", "书")             # the positions the lesson's BLOCK rows stand for
 
@@ -56,13 +56,6 @@ def _one_or_many(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
 
-def lesson_text(text: str, source) -> str:
-    """A lesson sentence for `source`: written in units (我／昨天／…) for glassformer's segmenter, which keeps
-    typed boundaries; without the unit marks for a model that cuts its own pieces (SentencePiece: an
-    imported Marian model, which would read ／ as a character)."""
-    return text.replace(examples.UNIT_SEPARATOR, "") if getattr(source, "mode", "") == "sentencepiece" else text
-
-
 class PatchBody(Schema):
     """POST /api/patch: the clean sentence, one or more corrupted ones, the target and the word to predict
     (clean and corrupt default to the lesson's pair, as `lesson_text` writes it for the model)."""
@@ -75,16 +68,6 @@ class PatchBody(Schema):
     positions: bool = True
 
 
-def _body(schema: type[Schema], body: Any) -> Any:
-    """`body` checked against `schema`; anything wrong is a UsageError naming the field ("body" when whole)."""
-    if not isinstance(body, dict):
-        raise UsageError(f"body must be a JSON object, got {type_name(body)}", "body")
-    try:
-        return validate(schema, body, "body")
-    except UsageError as error:
-        raise UsageError(str(error), error.field or "body") from None
-
-
 def _round(value: float, digits: int = 6) -> float | None:
     value = float(value)
     return round(value, digits) if math.isfinite(value) else None
@@ -95,17 +78,6 @@ def _rows(t: torch.Tensor, digits: int = 6) -> list:
     if t.dim() == 0:
         return _round(t.item(), digits)
     return [_rows(x, digits) for x in t]
-
-
-def finite_json(value: Any) -> Any:
-    """Replace NaN/inf anywhere in a JSON-able value by None (strict JSON has no such numbers)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite_json(v) for v in value]
-    return value
 
 
 def claim_view(claim_id: str) -> str | None:
@@ -176,7 +148,7 @@ class LabAPI:
     # -- POST /api/sentence
     def sentence(self, body: Any) -> dict:
         """One sentence through the translator: every attention table and each target row's next tokens."""
-        request = _body(SentenceBody, body)
+        request = checked_body(SentenceBody, body)
         source, target, positions, top_k = request.source, request.target, request.positions, request.top_k
         if not source.strip():
             raise UsageError("source must be a non-empty string of Chinese text", "source")
@@ -234,7 +206,7 @@ class LabAPI:
     # -- POST /api/patch
     def patch(self, body: Any) -> dict:
         """Activation patching at the `gave` row: each cross-attention head and encoder position, clean → corrupted."""
-        request = _body(PatchBody, body)
+        request = checked_body(PatchBody, body)
         lab = self.lab_model
         with self.lock, torch.inference_mode():
             clean = lesson_text(DEFAULT_SOURCE, lab.source) if request.clean is None else request.clean
@@ -245,7 +217,6 @@ class LabAPI:
 
     # -- POST /api/attribute (the "Why him" view: lab/attribution_api.py)
     def attribute(self, body: Any) -> dict:
-        from .attribution_api import attribute_endpoint
         return attribute_endpoint(self, body)
 
     # -- GET /api/info

@@ -16,10 +16,11 @@ from pydantic import Field
 
 from .. import limits
 from ..errors import UsageError
+from ..interpret.attribution import DEFAULT_METHOD, DEFAULT_STEPS
+from ..interpret.why import why
 from ..lesson import examples
-from ..translation.attribution import DEFAULT_METHOD, DEFAULT_STEPS
-from ..translation.why import why
 from ..validation import Schema, Text
+from .bodies import DEFAULT_SOURCE, checked_body, finite_json, lesson_text
 
 DEFAULT_CONTRAST = "her"
 DIGITS = 6                          # decimals of the scores sent to the page
@@ -50,9 +51,7 @@ def _rounded(value):
 
 def attribute_endpoint(api, body) -> dict:
     """The handler behind LabAPI.attribute (api: the LabAPI, for its model, lock and error helpers)."""
-    from .api import DEFAULT_SOURCE, _body, finite_json, lesson_text
-
-    request = _body(AttributeBody, body)
+    request = checked_body(AttributeBody, body)
     lab = api.lab_model
     source = lesson_text(DEFAULT_SOURCE, lab.source) if request.source is None else request.source
     limits.check("source: characters", len(source), "MAX_SOURCE_CHARS", "source")

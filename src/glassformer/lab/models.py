@@ -10,11 +10,11 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+from ..data.tokenize import SPECIAL_TOKENS, SourceTokenizer, TargetTokenizer, Vocab
 from ..errors import UsageError
 from ..lesson import examples
 from ..model import ModelConfig, Transformer
 from ..paths import default_model_dir
-from ..translation.tokenize import SPECIAL_TOKENS, SourceTokenizer, TargetTokenizer, Vocab
 
 UNTRAINED_SEED = 0
 
@@ -99,7 +99,7 @@ def load_model(model_dir: str | Path | None, *, required: bool = False) -> LabMo
     if not folder.exists() and not required:
         return untrained_model(why=f"no trained model in {folder}")
     try:
-        from ..translation.checkpoint import load_translator_parts, origin_summary
+        from ..data.checkpoint import load_translator_parts, origin_summary
         model, source, target, _ = load_translator_parts(folder)
         origin = f"{folder}: {origin_summary(folder)}"
     except UsageError as error:

@@ -2,7 +2,7 @@
 
 `lesson_batch()` is the batch of chapter E (A = 我 昨天 给了 她 一本 书, B = 她 笑了 + PAD) as ids and
 every mask the model builds for it, by the model's own mask functions — `glassformer lesson`, the lab's
-Masks view and the checks E1–E4 all read it from here. `next_token_walk` (glassformer/readout.py) reads a
+Masks view and the checks E1–E4 all read it from here. `next_token_walk` (glassformer/model/readout.py) reads a
 sentence's logits row by row; `explain`, the lab's Sentence view and the checks use that one function.
 """
 
@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ..model.masks import causal_mask, combine, loss_mask, padding_mask
-from ..readout import NextToken, next_token_walk, walk_inputs
+from ..model.readout import NextToken, next_token_walk, walk_inputs
 from . import examples as ex
 
 __all__ = ["LessonBatch", "NextToken", "lesson_batch", "next_token_walk", "source_ids", "target_ids", "walk_inputs"]

@@ -1,4 +1,6 @@
-"""The Transformer itself: config -> masks/positions/hooks -> attention -> layers -> transformer."""
+"""model: the Transformer itself, written as the lesson reads — config -> masks/positions/hooks -> attention ->
+layers -> transformer; readout reads the vocabulary head row by row. Knows nothing above it: imports only the
+base modules (errors, limits, validation)."""
 
 from .attention import CrossAttention, MultiHeadAttention, SelfAttention, attend_math, attend_sdpa
 from .cache import KVCache

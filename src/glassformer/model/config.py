@@ -163,14 +163,30 @@ def _check_relations(cfg: ModelConfig) -> None:
 
 
 def parameter_count(cfg: ModelConfig) -> int:
-    """Parameters the model of `cfg` has: built on the meta device (shapes only, nothing allocated)."""
-    import torch
+    """Parameters the model of `cfg` has, counted from the sizes (a matrix shared by tying counts once).
 
-    from .transformer import build_model
-
-    with torch.device("meta"):
-        model = build_model(cfg)
-    return sum(p.numel() for p in model.parameters())                         # tied matrices count once
+    Per attention block: W^Q, W^K (d x H d_k), W^V (d x H d_v), W^O (H d_v x d); per FeedForward
+    W_1 (d x d_ff), W_2 (d_ff x d); a LayerNorm has a gain and a bias of width d.
+    """
+    d, heads, bias = cfg.d_model, cfg.heads, cfg.bias
+    qk, v = heads * cfg.d_k, heads * cfg.d_v
+    attention = 2 * d * qk + d * v + v * d + ((2 * qk + v + d) if bias else 0)
+    feed_forward = 2 * d * cfg.d_ff + ((cfg.d_ff + d) if bias else 0)
+    norm = 2 * d
+    relative = heads * (2 * cfg.relative_clip + 1) if cfg.positions == "relative" else 0   # self-attention's b_{i-j}
+    learned = cfg.max_len * d if cfg.positions == "learned" else 0          # per embedding layer
+    final = norm if cfg.use_final_norm else 0                                # per stack
+    encoder = cfg.encoder_layers * (attention + relative + feed_forward + 2 * norm) + final
+    if cfg.family == "encoder-only":                                         # head tied to the embedding
+        return cfg.src_vocab * d + learned + encoder
+    if cfg.family == "decoder-only":
+        causal = cfg.decoder_layers * (attention + relative + feed_forward + 2 * norm) + final
+        return cfg.tgt_vocab * d + learned + causal
+    decoder = cfg.decoder_layers * (2 * attention + relative + feed_forward + 3 * norm) + final
+    source_table = cfg.src_vocab * d
+    target_table = 0 if cfg.share_embeddings else cfg.tgt_vocab * d
+    head = (0 if cfg.tie_target else d * cfg.tgt_vocab) + (cfg.tgt_vocab if cfg.head_bias else 0)
+    return source_table + target_table + 2 * learned + encoder + decoder + head
 
 
 def _check_limits(cfg: ModelConfig) -> None:

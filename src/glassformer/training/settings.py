@@ -3,7 +3,7 @@
 `TrainSettings` decides a run and is saved in config.json's "train"; its `model` part holds the model's
 sizes (`ModelSettings`). `RunOptions` is how this invocation runs it (folder, resume, checkpoints to keep,
 device, threads) and is not saved. The schema defaults are a plain run on the HSK pairs; the presets
-(recipes.PRESETS) are partial values of the same schema. The command-line flags are generated from
+(presets.PRESETS) are partial values of the same schema. The command-line flags are generated from
 these fields (train_cli.py), and a bad value, from a flag or a saved file, is one line naming it.
 """
 
@@ -19,9 +19,9 @@ from ..errors import UsageError
 from ..limits import MAX_VOCAB
 from ..model import ModelConfig
 from ..validation import Schema, validate
-from .recipes import PRESETS
+from .presets import PRESETS
 
-Preset = Literal["default", "large", "hsk", "anchor", "tiny"]   # the names of recipes.PRESETS
+Preset = Literal["default", "large", "hsk", "anchor", "tiny"]   # the names of presets.PRESETS
 
 
 def knob(default: Any, help: str, *, flag: str | None = "", resume: bool = False, **bounds: Any) -> Any:
@@ -49,7 +49,7 @@ class ModelSettings(Schema):
 class TrainSettings(Schema):
     """Everything that decides a training run: the model, the data, the schedule, the seed."""
 
-    preset: Preset = knob("default", "the recipe to start from (recipes.PRESETS; its note is printed at the start)")
+    preset: Preset = knob("default", "the recipe to start from (presets.PRESETS; its note is printed at the start)")
     model: ModelSettings = Field(default_factory=ModelSettings)
     epochs: int = knob(10, "epochs", resume=True, gt=0)
     max_tokens: int = knob(1024, "padded tokens per batch per rank", gt=0)

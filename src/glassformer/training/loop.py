@@ -1,5 +1,5 @@
-"""Training the Chinese->English translator: the Noam schedule, the loss, the loop (settings: settings.py,
-presets and data: recipes.py).
+"""Training the Chinese->English translator: the loss and the loop (the Noam schedule: schedule.py; settings:
+settings.py, presets: presets.py, their data: prepare_data.py).
 
 One loop serves one process and DDP (torchrun sets RANK/WORLD_SIZE/LOCAL_RANK). Each optimizer step
 takes world_size x accumulate batches from one deterministic batch list; every rank runs its share
@@ -23,15 +23,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.optim.lr_scheduler import LambdaLR
 
-from ..errors import UsageError
-from ..inference.precision import precision_note
-from ..inference.threads import training_threads
-from ..model import ModelConfig, Transformer
-from ..validation import validate
-from .batching import collate, make_batches, rank_share, step_groups
-from .checkpoint import (
+from ..data.batching import collate, make_batches, rank_share, step_groups
+from ..data.checkpoint import (
     CONFIG,
     OPTIMIZER,
     STATE,
@@ -49,28 +43,21 @@ from .checkpoint import (
     set_rng_state,
     write_json,
 )
-from .recipes import PRESETS, Data, build_source_tokenizer, prepare_data
-from .runtime import StopFlag, init_distributed, pick_device
+from ..errors import UsageError
+from ..inference.precision import precision_note
+from ..inference.threads import training_threads
+from ..model import ModelConfig, Transformer
+from ..options import pick_device
+from ..validation import validate
+from .prepare_data import Data, build_source_tokenizer, prepare_data
+from .presets import PRESETS
+from .runtime import StopFlag, init_distributed
+from .schedule import noam_schedule
 from .settings import TrainSettings, resolve_settings, resumed_settings, run_options
-from .train_cli import main  # noqa: F401  (`python -m glassformer.train`, the torchrun entry point)
 
 Recipe = TrainSettings      # what prepare_data reads: the settings of a run
 
 ESTIMATE_AFTER = 60         # steps of this invocation after which the measured time estimate is printed
-
-
-def noam_lr(step: int, d_model: int, factor: float, warmup: int) -> float:
-    """lr = factor * d^-0.5 * min(step^-0.5, step * warmup^-1.5), step counted from 1."""
-    step = max(step, 1)
-    return factor * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
-
-
-def noam_schedule(optimizer: torch.optim.Optimizer, d_model: int, factor: float, warmup: int,
-                  done: int = 0) -> LambdaLR:
-    """The Noam schedule as a LambdaLR: step k (from 1) runs at noam_lr(k); `done` steps are already behind."""
-    for group in optimizer.param_groups:
-        group["initial_lr"] = 1.0                       # the schedule gives the learning rate itself
-    return LambdaLR(optimizer, lambda taken: noam_lr(taken + 1, d_model, factor, warmup), last_epoch=done - 1)
 
 
 class LossModule(nn.Module):
@@ -181,8 +168,8 @@ class Trainer:
         """Dev BLEU and chrF, greedy on raw input (None with --no-eval)."""
         if not self.settings.eval or not self.data.dev:
             return None
-        from .evaluate import evaluate_pairs
-        from .translator import Translator
+        from ..decoding.evaluate import evaluate_pairs
+        from ..decoding.translator import Translator
 
         self.model.eval()
         try:
@@ -392,9 +379,8 @@ class Trainer:
 
 
 def train(args) -> int:
-    """Run training from parsed arguments (see train_cli.add_train_arguments)."""
+    """Run training from parsed arguments (see training/commands.py's add_train_arguments)."""
     return Trainer(args).run()
 
 
-__all__ = ["Data", "Recipe", "Trainer", "build_source_tokenizer", "estimate_line", "main", "noam_lr",
-           "noam_schedule", "prepare_data", "train"]
+__all__ = ["Data", "Recipe", "Trainer", "build_source_tokenizer", "estimate_line", "prepare_data", "train"]

@@ -32,9 +32,9 @@ from torch import nn
 
 from .. import limits
 from ..errors import UsageError
-from ..interop.spm import is_sentencepiece, load_pair
 from ..model import ModelConfig, Transformer
 from ..validation import Schema, load_json, validate
+from .sentencepiece import is_sentencepiece, load_pair
 from .tokenize import SourceTokenizer, TargetTokenizer
 
 CONFIG, VOCAB, STATE = "config.json", "vocab.json", "state.json"
@@ -318,7 +318,7 @@ def _tokenizers(path: Path, vocab: VocabFile) -> tuple[SourceTokenizer, TargetTo
     """Both tokenizers of vocab.json; a malformed entry is one UsageError naming the side.
 
     glassformer's own (SourceTokenizer, TargetTokenizer), or SentencePiece models beside vocab.json
-    (an imported Marian model: glassformer.interop.spm)."""
+    (an imported Marian model: glassformer.data.sentencepiece)."""
     if is_sentencepiece(vocab.source) or is_sentencepiece(vocab.target):
         return load_pair(path.parent, vocab.source, vocab.target)
     try:

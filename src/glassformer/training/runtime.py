@@ -10,8 +10,6 @@ from typing import Any
 
 import torch
 
-from ..errors import UsageError
-
 
 # ---- distributed ---------------------------------------------------------------------------
 @dataclass
@@ -64,18 +62,6 @@ def init_distributed(device: torch.device) -> Dist:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return Dist(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
-
-
-def pick_device(name: str, local_rank: int = 0) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise UsageError("--device cuda: no CUDA device is available")
-        return torch.device("cuda", local_rank)
-    if name != "cpu":
-        raise UsageError(f"--device must be auto, cpu or cuda, got {name!r}")
-    return torch.device("cpu")
 
 
 # ---- stopping ------------------------------------------------------------------------------

@@ -15,12 +15,12 @@ from typing import Any
 import torch
 
 from .. import limits
+from ..data.tokenize import UNK
+from ..decoding.search import Greedy, generate
 from ..errors import UsageError
 from .attribution import DEFAULT_METHOD, DEFAULT_STEPS, METHODS, attribute, baseline_name, check_steps, special_ids
 from .lens import logit_lens
 from .patching import DEFAULT_CLEAN, _source
-from .search import Greedy, generate
-from .tokenize import UNK
 
 LENS_INPUT = "gave"             # the lesson's row: its newest input is `gave`, it predicts `him`
 
@@ -208,7 +208,7 @@ def render_lens(result: dict[str, Any]) -> str:
 # ---- glassformer attribute ---------------------------------------------------------------------
 
 def add_attribute_arguments(parser) -> None:
-    from .commands import _add_model
+    from ..options import add_model_arguments
 
     parser.add_argument("sentence", nargs="?", default=DEFAULT_CLEAN,
                         help=f"Chinese sentence (default {DEFAULT_CLEAN})")
@@ -220,21 +220,21 @@ def add_attribute_arguments(parser) -> None:
                         help=f"integrated-gradients steps (default {DEFAULT_STEPS}, at most {limits.MAX_IG_STEPS})")
     parser.add_argument("--lens", action="store_true", help="print the logit lens of one row instead")
     parser.add_argument("--row", type=int, help="the lens row (default: the row whose newest input is 'gave')")
-    _add_model(parser)
+    add_model_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 
 def attribute_command(args) -> int:
     import json
 
+    from ..decoding.translator import Translator
     from ..inference.threads import decoding_threads
-    from .commands import _device, _model_dir
-    from .translator import Translator
+    from ..options import device_name, model_dir
 
     if args.row is not None and not args.lens:
         raise UsageError("--row: only with --lens (the attribution covers every row)", "row")
     torch.set_num_threads(decoding_threads(1))
-    translator = Translator.load(_model_dir(args), _device(args.device))
+    translator = Translator.load(model_dir(args), device_name(args.device))
     result = why(translator.model, translator.source, translator.target, args.sentence, args.target, args.method,
                  args.contrast, args.steps, args.row, lens=args.lens)
     if args.lens:

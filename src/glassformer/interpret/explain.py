@@ -7,7 +7,9 @@ Teacher-forced with a given target; otherwise the model's own greedy output is f
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,11 +17,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .. import limits
+from ..decoding.search import Greedy, generate
+from ..decoding.translator import Translator
 from ..errors import UsageError
 from ..model.hooks import Recording
-from ..readout import NextToken, next_token_walk, walk_inputs
-from .search import Greedy, generate
-from .translator import Translator
+from ..model.readout import NextToken, next_token_walk, walk_inputs
+from ..options import add_model_arguments, device_name, model_dir, positive
 
 FOCUS_INPUT, FOCUS_NEXT = "gave", "him"   # the lesson's row: input `gave` predicts `him`
 
@@ -134,3 +138,28 @@ def render(walk: dict[str, Any]) -> str:
     else:
         lines.append(f"no row has the input '{FOCUS_INPUT}' (pass --target to teacher-force one)")
     return "\n".join(lines)
+
+
+# ---- the `explain` command -------------------------------------------------------------------------------
+def add_explain_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("sentence", help="one Chinese sentence")
+    parser.add_argument("--target", help="English to teacher-force (default: the model's own greedy output)")
+    add_model_arguments(parser)
+    parser.add_argument("--all-layers", action="store_true", help="cross-attention of every decoder layer")
+    parser.add_argument("--top", type=positive, default=5, help="next-token candidates per row (default 5)")
+    parser.add_argument("--json", action="store_true", help="print the walk as JSON")
+
+
+def explain_command(args) -> int:
+    from ..data.checkpoint import origin_summary
+
+    limits.check("--top", args.top, "MAX_TOP_K")
+    translator = Translator.load(model_dir(args), device_name(args.device))
+    units = len(translator.source.analyse(args.sentence).ids)
+    if units > translator.max_source_len:                   # explain walks the whole sentence: no cutting
+        raise UsageError(f"sentence: {units} units, over the model's limit of {translator.max_source_len} "
+                         "source units (shorten it)")
+    walk = explain(translator, args.sentence, target=args.target, all_layers=args.all_layers, top=args.top)
+    walk["model"] = origin_summary(model_dir(args))
+    print(json.dumps(walk, ensure_ascii=False, indent=1) if args.json else f"model: {walk['model']}\n{render(walk)}")
+    return 0

@@ -1,5 +1,5 @@
 """The Translator: Chinese text in, English text out — segmentation, length checks, batching, decoding
-(translation/search.py), detokenization. The CLI, the evaluation and the training loop share it."""
+(decoding/search.py), detokenization. The CLI, the evaluation and the training loop share it."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from collections.abc import Sequence
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from ..data.tokenize import SourceEncoding, SourceTokenizer, TargetTokenizer
 from ..errors import UsageError
 from ..inference import decoding_threads, prepare, use_threads
 from ..inference.precision import precision_of
 from ..model import Transformer
 from .search import DEFAULT_ALPHA, generate, strategy
-from .tokenize import SourceEncoding, SourceTokenizer, TargetTokenizer
 
 
 def _fast(model):
@@ -34,7 +34,7 @@ class Translator:
 
     @classmethod
     def load(cls, folder, device: str | torch.device = "cpu") -> Translator:
-        from .checkpoint import load_translator_parts
+        from ..data.checkpoint import load_translator_parts
 
         model, source, target, _ = load_translator_parts(folder, device)
         return cls(model, source, target, device)
@@ -74,7 +74,7 @@ class Translator:
         """Target ids for source id lists; sorted by length into batches, returned in input order.
 
         Each sentence generates at most `max_length` tokens (EOS included) when given, else the
-        source-length rule of translation/search.py; the thread policy follows the batch size."""
+        source-length rule of decoding/search.py; the thread policy follows the batch size."""
         self.check_max_length(max_length)
         out: list[list[int]] = [[] for _ in sources]
         order = sorted((i for i, s in enumerate(sources) if len(s)), key=lambda i: len(sources[i]))

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from sacrebleu.metrics import BLEU, CHRF
 
-from .corpus import Pair
+from ..data.corpus import Pair
 from .search import DEFAULT_ALPHA
 from .translator import Translator
 

@@ -1,1 +1,0 @@
-"""The Chinese→English translator: corpus, tokenize, batching, train, checkpoint, decode, evaluate, explain."""

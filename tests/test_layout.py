@@ -1,0 +1,142 @@
+"""The house's floors: every import inside glassformer, found with `ast` (function-level and TYPE_CHECKING
+imports included), must point to the same wing or one below it, and no modules may import each other in a
+circle. The allowed order is written here, not derived from the code."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "glassformer"
+
+# Lowest first. A module may import its own wing and any wing listed before it, never one after it.
+FLOORS: list[tuple[str, ...]] = [
+    ("errors", "__init__"),             # __init__: the package's version only
+    ("limits",),
+    ("validation", "paths"),
+    ("options",),                       # --model / --device / integer flags every command shares
+    ("model",),
+    ("inference",),                     # the speed layer over the model
+    ("lesson",),
+    ("data",),
+    ("decoding",),
+    ("training",),
+    ("interpret",),
+    ("interop",),
+    ("lab",),
+    ("cli", "train"),
+]
+RANK = {wing: floor for floor, wings in enumerate(FLOORS) for wing in wings}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def wing_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the glassformer modules it imports (a name imported from a package counts as that
+    package's module when there is one, else as the package)."""
+    files = {module_name(p): p for p in SRC.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}"
+                    targets.add(sub if sub in files else target)
+            elif isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+        graph[name] = {t for t in targets if t in files and t != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_graph_finds_the_imports_it_should():
+    graph = import_graph()
+    assert "glassformer.model" in graph["glassformer.decoding.translator"]               # `from ..model import`
+    assert "glassformer.data.checkpoint" in graph["glassformer.decoding.translator"]      # a function-level one
+    assert "glassformer.limits" in graph["glassformer.interpret.attribution"]           # `from .. import limits`
+
+
+def test_no_import_circle():
+    assert cycles(import_graph()) == []
+
+
+def test_cycle_finder_finds_a_planted_circle():
+    graph = import_graph()
+    graph["glassformer.model.masks"] = graph["glassformer.model.masks"] | {"glassformer.model.transformer"}
+    assert any("glassformer.model.masks" in c for c in cycles(graph))
+
+
+def test_every_module_has_a_floor():
+    assert {wing_of(m) for m in import_graph()} <= set(RANK)
+
+
+def test_no_wing_imports_one_above_it():
+    upward = [f"{a} -> {b}" for a, targets in import_graph().items() for b in targets
+              if RANK[wing_of(b)] > RANK[wing_of(a)]]
+    assert upward == []
+
+
+@pytest.mark.parametrize("wing", ["model", "inference", "lesson", "data", "decoding", "training", "interpret",
+                                  "interop", "lab"])
+def test_each_wing_says_what_it_holds(wing):
+    doc = ast.get_docstring(ast.parse((SRC / wing / "__init__.py").read_text(encoding="utf-8")))
+    assert doc and len(doc.split()) >= 12
+
+
+def test_no_module_over_400_lines():
+    long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 400}
+    assert long == {}
