@@ -301,7 +301,7 @@ def test_both_languages_have_every_label():
     assert han.search(i18n["zh"]["nav.block"]) and not han.search(i18n["en"]["nav.block"])
     assert i18n["zh"]["block.heading"] != i18n["en"]["block.heading"]
     # every key the page asks for exists
-    app = (STATIC_DIR / "app.js").read_text(encoding="utf-8")
+    app = "\n".join(p.read_text(encoding="utf-8") for p in sorted(STATIC_DIR.rglob("*.js")))   # shell and views
     html = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
     used = set(re.findall(r'\bt\("([a-z_.]*[a-z_])"\s*[,)]', app)) | set(re.findall(r'data-i18n="([a-z_.]+)"', html))
     used |= {f"block.{v}" for v in ("post", "pre", "lesson", "exercise", "custom", "block")}
@@ -471,7 +471,7 @@ def test_concurrent_trace_and_sentence_requests(server, api):
 
 def test_export_is_one_self_contained_page(api, tmp_path):
     html = build_html(api)
-    assert html.count("<script") == 4 and 'src="' not in html and 'href="style.css"' not in html  # i18n why data app
+    assert html.count("<script") == 4 and 'src="' not in html and 'href="style.css"' not in html  # i18n data app views
     assert "Content-Security-Policy" in html and "default-src 'none'" in html
     data = json.loads(re.search(r"window\.LAB_EMBED = (\{.*?\});</script>", html, re.S).group(1)
                       .replace("<\\/", "</"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 
 from ..lesson import examples
@@ -19,10 +20,12 @@ from .server import STATIC_DIR
 MASKS = ("none", "causal", "padding")
 OFFLINE_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
                "img-src data:; base-uri 'none'; form-action 'none'")
+SCRIPT_TAG = re.compile(r'<script src="([^"<>]+)" defer></script>\n?')   # how index.html loads a script
+VIEWS_DIR = "views/"                 # where the view files are: inlined together, as one script element
 
 
 def with_toggles(spec: dict, disabled: tuple[int, ...], norm: str, scale: bool, mask: str) -> dict:
-    """The spec the page sends for a set of switches (mirrors `withToggles` in app.js)."""
+    """The spec the page sends for a set of switches (mirrors `withToggles` in views/block.js)."""
     doc = json.loads(json.dumps(spec))
     doc["scale"] = scale
     if doc["kind"] != "attention":
@@ -42,7 +45,7 @@ def with_toggles(spec: dict, disabled: tuple[int, ...], norm: str, scale: bool, 
 
 
 def variant_key(disabled: tuple[int, ...], norm: str, scale: bool, mask: str) -> str:
-    """Same key as `variantKey` in app.js: "0,1|post|1|none"."""
+    """Same key as `variantKey` in views/block.js: "0,1|post|1|none"."""
     return f"{','.join(str(h) for h in sorted(disabled))}|{norm}|{1 if scale else 0}|{mask}"
 
 
@@ -101,30 +104,57 @@ def _script_safe(text: str, what: str) -> str:
     return text
 
 
+def _static_text(static: Path, name: str) -> str:
+    path = (static / name).resolve()
+    if not path.is_relative_to(static.resolve()):
+        raise ValueError(f"index.html loads {name!r}, which is outside the static folder")
+    return _script_safe(path.read_text(encoding="utf-8"), name)
+
+
+def inline_scripts(page: str, static: Path, data: str) -> str:
+    """Every `<script src=... defer>` of index.html replaced by the file's text, in the page's own order.
+
+    The embedded data goes just before app.js (which reads it); the view files (views/*.js) share one
+    script element, each marked with its name. Inline scripts run in document order, as deferred ones do,
+    so index.html's order is kept as it is.
+    """
+    names = [match.group(1) for match in SCRIPT_TAG.finditer(page)]
+    if len(re.findall(r"<script\b[^>]*\ssrc\s*=", page)) != len(names):
+        raise ValueError("index.html loads a script in a form the export does not recognise")
+    if "app.js" not in names:
+        raise ValueError("index.html no longer loads app.js; the export cannot inline it")
+    views = [name for name in names if name.startswith(VIEWS_DIR)]
+
+    def inline(match: re.Match) -> str:
+        name = match.group(1)
+        if name in views:                              # all of them at the first one's place
+            if name != views[0]:
+                return ""
+            joined = "\n".join(f"// {view}\n{_static_text(static, view)}" for view in views)
+            return f"<script>\n{joined}\n</script>\n"
+        script = f"<script>\n{_static_text(static, name)}\n</script>\n"
+        return f"<script>window.LAB_EMBED = {data};</script>\n{script}" if name == "app.js" else script
+
+    return SCRIPT_TAG.sub(inline, page)
+
+
 def build_html(api: LabAPI, static_dir: str | Path = STATIC_DIR) -> str:
-    """The page with its CSS, i18n data, app and embedded data inlined (no external request at all)."""
+    """The page with its CSS, scripts and embedded data inlined (no external request at all)."""
     static = Path(static_dir)
     page = (static / "index.html").read_text(encoding="utf-8")
     css = _script_safe((static / "style.css").read_text(encoding="utf-8"), "style.css")
-    i18n = _script_safe((static / "i18n.js").read_text(encoding="utf-8"), "i18n.js")
-    app = _script_safe((static / "app.js").read_text(encoding="utf-8"), "app.js")
-    why = _script_safe((static / "why.js").read_text(encoding="utf-8"), "why.js")
     data = json.dumps(export_data(api), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     data = data.replace("</", "<\\/").replace("<!--", "<\\!--")
     pieces = {
         '<meta charset="utf-8">':
             f'<meta charset="utf-8">\n<meta http-equiv="Content-Security-Policy" content="{OFFLINE_CSP}">',
         '<link rel="stylesheet" href="style.css">': f"<style>\n{css}\n</style>",
-        '<script src="i18n.js" defer></script>': f"<script>\n{i18n}\n</script>",
-        '<script src="why.js" defer></script>': f"<script>\n{why}\n</script>",
-        '<script src="app.js" defer></script>':
-            f"<script>window.LAB_EMBED = {data};</script>\n<script>\n{app}\n</script>",
     }
     for old, new in pieces.items():
         if old not in page:
             raise ValueError(f"index.html no longer contains {old!r}; the export cannot inline it")
         page = page.replace(old, new)
-    return page
+    return inline_scripts(page, static, data)
 
 
 def write_export(api: LabAPI, path: str | Path) -> int:

@@ -1,41 +1,38 @@
-// glassformer lab, view 6 "Why him": attribution map target × (source | target prefix), the contrast box,
-// and the logit lens curve of the `gave` row. Registered as an extra view; app.js routes to it and hands
-// it its helpers (t, el, api, fmt, heat, showError, ...). Data: POST /api/attribute.
+// glassformer lab, view 6 "why" (#why): attribution map target × (source | target prefix), the contrast box, the logit lens.
 "use strict";
 (function () {
-  const views = (window.LAB_EXTRA_VIEWS = window.LAB_EXTRA_VIEWS || {});
+  const { S, EMBED, t, el, api, info, fmt, heat, showError, register } = window.LAB;
   const METHODS = ["integrated-gradients", "input-x-gradient", "saliency", "attention"];
   const SVG = "http://www.w3.org/2000/svg";
-  const W = {
+  const W = (S.why = {
     source: null, target: null, method: "integrated-gradients", contrast: "her", steps: 128, result: null, runs: 0,
-  };
+  });
 
-  async function show(L) {
-    if (L.embed) { render(L); return; }                  // attribution needs the server (gradients)
-    if (W.source !== null) { render(L); return; }
-    const info = await L.info();
-    W.source = info.default_source; W.target = info.default_target;
-    await run(L);
+  async function show() {
+    if (EMBED) { render(); return; }                     // attribution needs the server (gradients)
+    if (W.source !== null) { render(); return; }
+    const lab = await info();
+    W.source = lab.default_source; W.target = lab.default_target;
+    await run();
   }
 
-  async function run(L) {
-    render(L);
+  async function run() {
+    render();
     try {
-      W.result = await L.api("POST", "/api/attribute", {
+      W.result = await api("POST", "/api/attribute", {
         source: W.source, target: W.target.trim() ? W.target : null, method: W.method,
         contrast: W.contrast.trim() ? W.contrast.trim() : null, steps: Number(W.steps),
       });
-      L.showError(null);
-    } catch (err) { L.showError(err); return; }
-    render(L);
+      showError(null);
+    } catch (err) { showError(err); return; }
+    render();
     W.runs += 1;
     document.body.dataset.whyRuns = String(W.runs);
   }
 
-  function controls(L) {
-    const { el, t } = L;
+  function controls() {
     const text = (id, key, size) => el("input", { type: "text", id, value: W[key], size, onchange: (e) => { W[key] = e.target.value; } });
-    const method = el("select", { id: "why-method", onchange: (e) => { W.method = e.target.value; run(L); } },
+    const method = el("select", { id: "why-method", onchange: (e) => { W.method = e.target.value; run(); } },
       METHODS.map((m) => el("option", { value: m, selected: W.method === m }, t("why.method." + m))));
     const steps = el("input", { type: "number", id: "why-steps", value: String(W.steps), min: "1", max: "256", style: "width:5rem",
       onchange: (e) => { W.steps = e.target.value; } });
@@ -45,13 +42,12 @@
       fields.map(([key, node]) => el("label", { class: "group" }, el("span", { class: "label" }, t(key)), node)),
       el("button", { type: "button", id: "why-run", onclick: () => {
         ["source", "target", "contrast"].forEach((k) => { W[k] = document.getElementById("why-" + k).value; });
-        W.steps = document.getElementById("why-steps").value; run(L);
+        W.steps = document.getElementById("why-steps").value; run();
       } }, t("why.run")));
   }
 
   // the map: one row per target word; source units, a gap, then the target inputs that row can see
-  function attributionMap(L, r) {
-    const { el, fmt, heat } = L;
+  function attributionMap(r) {
     const prefixNames = r.rows.reduce((a, row) => (row.prefix.length > a.length ? row.prefix.map((p) => p[0]) : a), []);
     let maxAbs = 0;
     r.rows.forEach((row) => [...row.source, ...row.prefix].forEach(([, v]) => { maxAbs = Math.max(maxAbs, Math.abs(v)); }));
@@ -65,8 +61,7 @@
         prefixNames.map((_, k) => (k < row.prefix.length ? cell(row.prefix[k][1]) : el("td", { class: "masked" })))))));
   }
 
-  function contrastBox(L, r) {
-    const { el, t, fmt } = L;
+  function contrastBox(r) {
     const lens = r.details.lens;
     const row = r.rows.find((w) => w.position === lens.row) || null;
     const lines = [el("p", {}, r.contrast ? t("why.quantity.contrast", { w: lens.token, c: r.contrast }) : t("why.quantity.plain"))];
@@ -88,8 +83,7 @@
     return node;
   }
 
-  function lensCurve(L, r) {
-    const { el, t, fmt } = L;
+  function lensCurve(r) {
     const lens = r.details.lens;
     const steps = lens.steps;
     const gap = 100, w = 90 + gap * steps.length, h = 230, top = 34, bottom = 170, left = 50;
@@ -119,23 +113,25 @@
       el("p", { class: "note" }, reading), chart, table);
   }
 
-  function render(L) {
-    const { el, t } = L;
+  function render() {
     const root = document.getElementById("view-why");
     if (!root) return;
     root.replaceChildren(el("h2", {}, t("why.heading")), el("p", { class: "intro" }, t("why.intro")));
-    if (L.embed) { root.append(el("p", { class: "note" }, t("why.offline"))); return; }
+    if (EMBED) { root.append(el("p", { class: "note" }, t("why.offline"))); return; }
     if (W.source === null) { root.append(el("p", { class: "note" }, t("loading"))); return; }
-    root.append(controls(L));
+    root.append(controls());
     const r = W.result;
     if (!r) { root.append(el("p", { class: "note" }, t("loading"))); return; }
     root.append(el("p", { class: "badge " + (r.model.trained ? "trained" : "untrained") }, el("strong", {},
-      `${t("sentence.model")}: ${r.model.trained ? t("trained") : t("untrained")}`), " — ", r.model.label[L.lang()]));
+      `${t("sentence.model")}: ${r.model.trained ? t("trained") : t("untrained")}`), " — ", r.model.label[S.lang]));
     root.append(el("p", { class: "note", id: "why-method-note" }, t("why.note." + r.method, { n: r.details.steps })));
     root.append(el("div", { class: "panel" }, el("h3", {}, t("why.map.heading")), el("p", { class: "note" }, t("why.map.note")),
-      el("div", { style: "overflow-x:auto" }, attributionMap(L, r))));
-    root.append(contrastBox(L, r), lensCurve(L, r));
+      el("div", { style: "overflow-x:auto" }, attributionMap(r))));
+    root.append(contrastBox(r), lensCurve(r));
   }
 
-  views.why = { show, render: (L) => { if (W.source !== null || L.embed) render(L); } };
+  register("why", {
+    show,
+    render: () => { if (W.source !== null || EMBED) render(); },
+  });
 })();

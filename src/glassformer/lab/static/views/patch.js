@@ -1,0 +1,77 @@
+// glassformer lab, view 5 "patch" (#patch): activation patching, the share of clean→corrupt each head and position restores.
+"use strict";
+(function () {
+  const { S, EMBED, t, el, api, info, fmt, heat, showError, register } = window.LAB;
+
+  S.patch = { clean: null, corrupt: null, target: null, predict: null, result: null, runs: 0 };
+
+  async function loadPatch() {
+    const st = S.patch;
+    if (st.clean !== null) return;
+    if (EMBED) { renderPatch(); return; }                 // patching needs the server: one forward pass per cell
+    await info();
+    st.clean = S.info.default_source; st.corrupt = S.info.patch_corrupt; st.target = S.info.default_target;
+    st.predict = S.info.patch_predict;
+    await runPatch();
+  }
+
+  async function runPatch() {
+    const st = S.patch;
+    renderPatch();
+    try {
+      st.result = await api("POST", "/api/patch", { clean: st.clean, corrupt: st.corrupt, target: st.target, predict: st.predict });
+      showError(null);
+    } catch (err) { showError(err); return; }
+    renderPatch();
+    st.runs += 1;
+    document.body.dataset.patchRuns = String(st.runs);
+  }
+
+  function fractionGrid(rows, rowLabels, colLabels, probe) {
+    const cell = (c) => el("td", { class: "num", style: heat(c.fraction, 1), title: `p = ${fmt(c.p, 4)}` },
+      c.fraction === null ? "n/a" : fmt(c.fraction, 2));
+    return el("table", { class: "heat", data: { probe } },
+      el("thead", {}, el("tr", {}, el("th", {}), colLabels.map((c) => el("th", { text: c })))),
+      el("tbody", {}, rows.map((row, i) => el("tr", {}, el("th", { text: rowLabels[i] }), row.map(cell)))));
+  }
+
+  function renderPatch() {
+    const root = document.getElementById("view-patch");
+    const st = S.patch;
+    root.replaceChildren();
+    root.append(el("h2", {}, t("patch.heading")), el("p", { class: "intro" }, t("patch.intro")));
+    if (EMBED) { root.append(el("p", { class: "note" }, t("patch.offline"))); return; }
+    if (st.clean === null) { root.append(el("p", { class: "note" }, t("loading"))); return; }
+    const input = (id, key, size) => {
+      const node = el("input", { type: "text", id, value: st[key], size });
+      node.addEventListener("change", () => { st[key] = node.value; });
+      return node;
+    };
+    const fields = [["patch-clean", "clean", "30"], ["patch-corrupt", "corrupt", "30"], ["patch-target", "target", "30"],
+      ["patch-predict", "predict", "8"]].map(([id, key, size]) => [key, input(id, key, size)]);
+    root.append(el("div", { class: "controls" },
+      fields.map(([key, node]) => el("label", { class: "group" }, el("span", { class: "label" }, t("patch." + key)), node)),
+      el("button", { type: "button", id: "patch-run", onclick: () => { fields.forEach(([key, node]) => { st[key] = node.value; }); runPatch(); } },
+        t("patch.run"))));
+    const r = st.result;
+    if (!r) { root.append(el("p", { class: "note" }, t("loading"))); return; }
+    const run = r.runs[0];
+    root.append(el("p", { class: "badge " + (r.model.trained ? "trained" : "untrained") }, el("strong", {},
+      `${t("sentence.model")}: ${r.model.trained ? t("trained") : t("untrained")}`), " — ", r.model.label[S.lang]));
+    root.append(el("p", { id: "patch-quantity" }, t("patch.quantity", { w: r.predict, i: r.row, seen: r.row_sees.join(" ") })));
+    root.append(el("p", { id: "patch-probs" }, t("patch.probs", { c: fmt(run.p_clean, 4), x: fmt(run.p_corrupt, 4),
+      all: run.all_heads.fraction === null ? "n/a" : fmt(run.all_heads.fraction, 2) })));
+    root.append(el("div", { class: "panel" }, el("h3", {}, t("patch.heads")), el("p", { class: "note" }, t("patch.heads.note")),
+      fractionGrid(run.heads, run.heads.map((_, i) => `L${i}`), run.heads[0].map((_, h) => `h${h}`), "patch.heads")));
+    if (run.positions) {
+      const labels = run.position_layers.map((n) => (n === "encoder.embedding" ? "emb" : "L" + n.split(".")[1]));
+      root.append(el("div", { class: "panel" }, el("h3", {}, t("patch.positions")), el("p", { class: "note" }, t("patch.positions.note")),
+        fractionGrid(run.positions, labels, run.units, "patch.positions")));
+    }
+  }
+
+  register("patch", {
+    show: async () => { if (!S.patch.result) renderPatch(); await loadPatch(); },
+    render: () => { if (S.patch.clean !== null || EMBED) renderPatch(); },
+  });
+})();
