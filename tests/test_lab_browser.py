@@ -254,6 +254,23 @@ def test_patching_view_shows_the_heads_by_layers_table(page, lab_server):
     assert all("400" in e for e in page.errors)                                 # the refused request, nothing else
 
 
+def test_patching_view_switches_to_attribution_patching(page, lab_server):
+    """The method switch reruns the scan as attribution patching: the note appears, the tables keep their shape,
+    and at the embedding the positions where the sentences agree estimate exactly 0."""
+    page.page.goto(lab_server.url + "#patch")
+    page.wait_count("patchRuns", 1)
+    assert page.page.locator("#patch-approx").count() == 0
+    page.page.select_option("#patch-method", "attribution")
+    page.wait_count("patchRuns", 2)
+    page.shot("patch-attribution")
+    assert "backward" in page.page.inner_text("#patch-approx") or "反向" in page.page.inner_text("#patch-approx")
+    info = untrained_model().model.cfg
+    assert page.page.locator('[data-probe="patch.heads"] tbody tr').count() == info.decoder_layers
+    embedding = _cells(page.page, "patch.positions")[: len(examples.NINE_UNITS)]
+    assert set(embedding[:4] + embedding[5:]) <= {"0.00", "-0.00"} and embedding[4] not in ("0.00", "-0.00")
+    assert page.outside == [] and page.errors == []
+
+
 @pytest.fixture(scope="module")
 def imported_lab(tmp_path_factory):
     """The lab on an imported Marian model of the lesson's base depth, 6 + 6 layers (small widths), untrained."""

@@ -41,6 +41,7 @@ def test_heads_only_takes_sentences_of_other_lengths(api):
     ({"corrupt": ["我／昨天／给／了／她／一／本／书／。"] * 5}, "corrupt", "at most 4"),
     ({"clean": ""}, "clean", "non-empty"),
     ({"layer": 1}, "layer", "unknown key"),
+    ({"method": "gradient"}, "method", "activation"),
 ])
 def test_bad_bodies_are_400_naming_the_field(api, body, field, words):
     with pytest.raises(UsageError) as caught:
@@ -57,3 +58,16 @@ def test_null_sentences_mean_the_lesson_defaults_and_bad_lists_are_refused(api):
         with pytest.raises(UsageError, match=field.replace("[", r"\[")) as error:
             api.patch(body)
         assert error.value.status == 400
+
+
+def test_attribution_method_estimates_the_same_scan_layout(api):
+    """method "attribution": one backward pass instead of a forward pass per cell; the same shape of answer, the
+    same p_clean / p_corrupt, zero at the embedding positions the two sentences share."""
+    exact, approx = api.patch({}), api.patch({"method": "attribution"})
+    assert exact["method"] == "activation" and approx["method"] == "attribution"
+    a, b = exact["runs"][0], approx["runs"][0]
+    assert abs(a["p_clean"] - b["p_clean"]) < 1e-6 and abs(a["p_corrupt"] - b["p_corrupt"]) < 1e-6
+    assert [len(r) for r in a["heads"]] == [len(r) for r in b["heads"]]
+    assert [len(r) for r in a["positions"]] == [len(r) for r in b["positions"]]
+    embedding = [c["fraction"] for c in b["positions"][0]]
+    assert all(f == 0.0 for j, f in enumerate(embedding) if j != 4) and embedding[4] != 0.0

@@ -17,8 +17,8 @@ import torch
 
 from glassformer.data.batching import collate
 from glassformer.data.checkpoint import load_translator_parts, read_json
-from glassformer.training.commands import add_train_arguments
 from glassformer.errors import UsageError
+from glassformer.training.commands import add_train_arguments
 from glassformer.training.loop import Trainer, train
 from glassformer.training.schedule import noam_lr, noam_schedule
 
@@ -161,6 +161,35 @@ def test_bfloat16_training_keeps_fp32_weights_and_adam_state_and_a_close_loss(tm
     model, *_ = load_translator_parts(tmp_path / "bf16")
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert read_json(tmp_path / "bf16" / "config.json")["train"]["dtype"] == "bfloat16"
+
+
+@pytest.mark.slow
+def test_compiled_training_step_follows_the_eager_losses_and_weights(tmp_path):
+    """--compile: forward, loss and backward as inductor kernels. The same seed and batches give the eager run's
+    per-step losses and final weights up to float rounding (a dropped or doubled gradient, or a loss over the
+    PAD rows, would move them by far more than 1e-4 relative). A one-layer model keeps the compile short."""
+    small = ("--max-steps", "4", "--seed", "5", "--layers", "1")
+    eager = Trainer(_args(tmp_path / "eager", *small))
+    compiled = Trainer(_args(tmp_path / "compiled", *small, "--compile"))
+    assert compiled.loss_module is not compiled.model                  # really wrapped
+    assert eager.run() == 0 and compiled.run() == 0
+    a, b = _losses(tmp_path / "eager"), _losses(tmp_path / "compiled")
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
+    for step in a:
+        assert b[step] == pytest.approx(a[step], rel=1e-4), step
+    for (name, x), y in zip(eager.model.state_dict().items(), compiled.model.state_dict().values(), strict=True):
+        assert torch.allclose(x, y, rtol=1e-3, atol=1e-5), name
+
+
+def test_compile_without_a_cxx_compiler_trains_eagerly_after_one_line(tmp_path, monkeypatch, capsys):
+    import glassformer.training.runtime as runtime
+
+    monkeypatch.setattr(runtime.shutil, "which", lambda name: None)
+    trainer = Trainer(_args(tmp_path / "run", "--max-steps", "1", "--compile"))
+    assert trainer.loss_module.__class__.__name__ == "LossModule"     # not wrapped by torch.compile
+    assert trainer.run() == 0
+    lines = [x for x in capsys.readouterr().err.splitlines() if "--compile" in x]
+    assert lines == ["glassformer train: --compile: no C++ compiler found (g++); training eagerly"]
 
 
 @pytest.mark.slow

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,24 +34,13 @@ from ..lesson.examples import LESSON_CORRUPTIONS as DEFAULT_CORRUPT
 from ..lesson.examples import LESSON_PREDICT as DEFAULT_PREDICT
 from ..lesson.examples import LESSON_SENTENCE as DEFAULT_CLEAN
 from ..lesson.examples import LESSON_TARGET as DEFAULT_TARGET
+from .attribution_patching import approximate_scan, correlation
+from .patch_sites import FLAT, Patched, head_sites, position_layers
 
 MAX_CORRUPT = 4                 # corrupted sentences per request: each costs (heads + positions) forward passes
 MAX_SENTENCE_CHARS = 400        # characters of one sentence (as the lab's Sentence view)
-FLAT = 1e-9                     # |p_clean − p_corrupt| below this: the corruption changed nothing to restore
 
 HookFn = Callable[[Tensor, str], Tensor]
-
-
-def head_sites(model) -> list[list[str]]:
-    """[layer][head] -> the probe name of that cross-attention head's output."""
-    cfg = model.cfg
-    return [[f"decoder.{i}.cross_attention.head.{h}.output" for h in range(cfg.heads)]
-            for i in range(cfg.decoder_layers)]
-
-
-def position_layers(model) -> list[str]:
-    """The encoder's residual stream, layer by layer: the embedding, then each layer's output."""
-    return ["encoder.embedding", *(f"encoder.{i}.output" for i in range(model.cfg.encoder_layers))]
 
 
 def _copy(clean: dict[str, Tensor]) -> HookFn:
@@ -67,17 +55,6 @@ def _copy_position(clean: dict[str, Tensor], position: int) -> HookFn:
         out[:, position] = clean[name][:, position]
         return out
     return put
-
-
-@dataclass
-class Patched:
-    """One patch: the probability it gives and the fraction of the clean–corrupt gap it restores."""
-
-    p: float
-    fraction: float | None          # None when the corruption moved p by less than FLAT
-
-    def to_json(self) -> dict:
-        return {"p": self.p, "fraction": self.fraction}
 
 
 @torch.no_grad()
@@ -189,10 +166,19 @@ def focus_note(target, word: str, token: int, pieces: int) -> str:
     return f"{word!r} is one token here ({piece!r})"
 
 
+METHODS = ("activation", "attribution")   # rerun per site (patch_scan) | one backward (approximate_scan)
+
+
 def lesson_patching(model, source, target, clean: str = DEFAULT_CLEAN, corrupt=DEFAULT_CORRUPT,
                     text: str = DEFAULT_TARGET, predict: str = DEFAULT_PREDICT, *,
-                    positions: bool = True) -> dict[str, Any]:
-    """The scans for one clean sentence against each corrupted one, as JSON-able values."""
+                    positions: bool = True, method: str = "activation") -> dict[str, Any]:
+    """The scans for one clean sentence against each corrupted one, as JSON-able values.
+
+    method "activation" reruns the corrupted sentence per site; "attribution" estimates every cell from one
+    backward pass (attribution_patching.py)."""
+    if method not in METHODS:
+        raise UsageError(f"method: expected one of {', '.join(METHODS)}, got {method!r}", "method")
+    scan_of = patch_scan if method == "activation" else approximate_scan
     corrupt = [corrupt] if isinstance(corrupt, str) else list(corrupt)
     if not corrupt:
         raise UsageError("corrupt: give at least one corrupted sentence", "corrupt")
@@ -214,11 +200,11 @@ def lesson_patching(model, source, target, clean: str = DEFAULT_CLEAN, corrupt=D
                              f"{len(clean_ids)}; patching positions needs the same count (or heads only)",
                              f"corrupt[{k}]")
         tgt_in = torch.tensor([[model.cfg.bos_id, *ids]])                  # the decoder starts from cfg.bos_id
-        scan = patch_scan(model, torch.tensor([clean_ids]), torch.tensor([src_ids]), tgt_in, row, token,
-                          positions=positions)
+        scan = scan_of(model, torch.tensor([clean_ids]), torch.tensor([src_ids]), tgt_in, row, token,
+                       positions=positions)
         runs.append({"corrupt": sentence, "units": units, **_plain(scan)})
     names = ["<s>", *(_readable(target.id_to_token(i)) for i in ids)]
-    return {"clean": clean, "clean_units": clean_units, "target": text, "inputs": names, "row": row,
+    return {"method": method, "clean": clean, "clean_units": clean_units, "target": text, "inputs": names, "row": row,
             "row_sees": names[: row + 1], "predict": _readable(target.id_to_token(token)), "token_id": token,
             "layers": {"encoder": model.cfg.encoder_layers, "decoder": model.cfg.decoder_layers},
             "heads": model.cfg.heads, "note": focus_note(target, predict.strip(), token, pieces), "runs": runs}
@@ -258,11 +244,15 @@ def render(result: dict[str, Any]) -> str:
              f"target input: {' '.join(result['inputs'])}",
              f"quantity: p({result['predict']}) at row {result['row']} (sees {' '.join(result['row_sees'])})",
              f"  ({result['note']})"]
+    if result.get("method") == "attribution":
+        lines.append("  method: attribution patching — each cell estimated from one backward pass (first order)")
     for run in result["runs"]:
         lines += ["", f"corrupted: {run['corrupt']} ({' '.join(run['units'])})",
                   f"  p clean {run['p_clean']:.4f}   p corrupted {run['p_corrupt']:.4f}   "
                   f"all heads patched → {_cell(run['all_heads']).strip()}   nothing patched → "
                   f"{_cell(run['nothing']).strip()}",
+                  *([f"  correlation with activation patching: {run['correlation']:.3f}"]
+                    if run.get("correlation") is not None else []),
                   "  restored fraction, cross-attention head output (rows: decoder layer, columns: head):",
                   "       " + "".join(_right(f"h{h}", 7) for h in range(result["heads"]))]
         for i, layer in enumerate(run["heads"]):
@@ -291,6 +281,11 @@ def add_patch_arguments(parser) -> None:
                              f"{DEFAULT_PREDICT})")
     parser.add_argument("--heads-only", action="store_true",
                         help="patch cross-attention heads only (sentences of different unit counts)")
+    parser.add_argument("--approximate", action="store_true",
+                        help="attribution patching: every cell estimated from one backward pass instead of a "
+                             "forward pass per site")
+    parser.add_argument("--compare", action="store_true",
+                        help="with --approximate: also run activation patching and print their correlation")
     add_model_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the scans as JSON")
 
@@ -304,8 +299,15 @@ def patch_command(args) -> int:
 
     torch.set_num_threads(decoding_threads(1))              # one sentence at a time: batch-1 forward passes
     translator = Translator.load(model_dir(args), device_name(args.device))
-    result = lesson_patching(translator.model, translator.source, translator.target, args.clean,
-                             args.corrupt or DEFAULT_CORRUPT, args.target, args.predict,
-                             positions=not args.heads_only)
+    if args.compare and not args.approximate:
+        raise UsageError("--compare: only with --approximate (it compares the estimate with the real scan)")
+    scan = [translator.model, translator.source, translator.target, args.clean, args.corrupt or DEFAULT_CORRUPT,
+            args.target, args.predict]
+    method = "attribution" if args.approximate else "activation"
+    result = lesson_patching(*scan, positions=not args.heads_only, method=method)
+    if args.compare:
+        exact = lesson_patching(*scan, positions=not args.heads_only, method="activation")
+        for run, real in zip(result["runs"], exact["runs"], strict=True):
+            run["correlation"] = correlation(run, real)
     print(json.dumps(result, ensure_ascii=False) if args.json else render(result))
     return 0

@@ -16,7 +16,7 @@ import math
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import BeforeValidator, Field
@@ -66,6 +66,7 @@ class PatchBody(Schema):
     target: Text = DEFAULT_TARGET
     predict: Text = examples.LESSON_PREDICT
     positions: bool = True
+    method: Literal["activation", "attribution"] = "activation"   # a forward pass per cell | one backward
 
 
 def _round(value: float, digits: int = 6) -> float | None:
@@ -205,14 +206,17 @@ class LabAPI:
 
     # -- POST /api/patch
     def patch(self, body: Any) -> dict:
-        """Activation patching at the `gave` row: each cross-attention head and encoder position, clean → corrupted."""
+        """Patching at the `gave` row: each cross-attention head and encoder position, clean → corrupted; run
+        (activation) or estimated from one backward pass (attribution, which needs gradients)."""
         request = checked_body(PatchBody, body)
         lab = self.lab_model
-        with self.lock, torch.inference_mode():
+        grad = torch.enable_grad() if request.method == "attribution" else torch.inference_mode()
+        with self.lock, grad:
             clean = lesson_text(DEFAULT_SOURCE, lab.source) if request.clean is None else request.clean
             corrupt = [lesson_text(PATCH_CORRUPT, lab.source)] if request.corrupt is None else request.corrupt
             result = lesson_patching(lab.model, lab.source, lab.target, clean, corrupt,
-                                     request.target, request.predict, positions=request.positions)
+                                     request.target, request.predict, positions=request.positions,
+                                     method=request.method)
         return {"model": self.describe(lab), **finite_json(result)}
 
     # -- POST /api/attribute (the "Why him" view: lab/attribution_api.py)

@@ -68,12 +68,14 @@ def guard_empty_rows(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]
     """Rows with no visible key: let them see everything (finite softmax), return a row-keep flag.
 
     The caller multiplies weights/outputs by the flag, so such rows give zero weights and zero
-    output, never NaN, in every dtype, and their gradients stay finite.
+    output, never NaN, in every dtype, and their gradients stay finite. Eagerly, a mask with no empty row
+    skips the flag (one host sync); under torch.compile the flag is always applied (the same numbers: it is
+    all ones then), so the graph has no data-dependent branch.
     """
     if mask is None:
         return None, None
     has_key = mask.any(dim=-1, keepdim=True)                                 # (..., query, 1)
-    if bool(has_key.all()):
+    if not torch.compiler.is_compiling() and bool(has_key.all()):
         return mask, None
     return mask | ~has_key, has_key
 

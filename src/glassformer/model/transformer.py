@@ -191,14 +191,21 @@ class Transformer(Hooked, nn.Module):
 
     def loss(self, src: Tensor, tgt_in: Tensor, labels: Tensor, label_smoothing: float = 0.0,
              src_pad: Tensor | None = None) -> tuple[Tensor, int]:
-        """Summed label-smoothed cross-entropy over non-PAD labels, and their count.
+        """Summed label-smoothed cross-entropy over non-PAD labels (`loss_sum`), and their count."""
+        total = self.loss_sum(src, tgt_in, labels, label_smoothing, src_pad)
+        return total, int((labels != self.cfg.pad_id).sum())
+
+    def loss_sum(self, src: Tensor, tgt_in: Tensor, labels: Tensor, label_smoothing: float = 0.0,
+                 src_pad: Tensor | None = None) -> Tensor:
+        """Summed label-smoothed cross-entropy over non-PAD labels, a 0-dim tensor (no host sync: the
+        training step, compiled or not, calls this).
 
         Only rows with a real label reach the vocabulary head: no logits are computed at PAD."""
         src_pad = self.source_padding(src) if src_pad is None else src_pad
         keep = labels != self.cfg.pad_id                                     # (batch, tgt)
         hidden = self.decode(tgt_in, self.encode(src, src_pad), src_pad)     # (batch, tgt, d)
         logits = self.logits(hidden[keep])                                   # (n_real, tgt_vocab)
-        return _label_smoothed_nll(logits, labels[keep], label_smoothing), int(keep.sum())
+        return _label_smoothed_nll(logits, labels[keep], label_smoothing)
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
         """An empty KV cache for `capacity` target positions (default cfg.max_len; it grows past them)."""

@@ -51,7 +51,7 @@ from ..options import pick_device
 from ..validation import validate
 from .prepare_data import Data, build_source_tokenizer, prepare_data
 from .presets import PRESETS
-from .runtime import StopFlag, init_distributed
+from .runtime import StopFlag, compiled_step, init_distributed
 from .schedule import noam_schedule
 from .settings import TrainSettings, resolve_settings, resumed_settings, run_options
 
@@ -61,14 +61,14 @@ ESTIMATE_AFTER = 60         # steps of this invocation after which the measured 
 
 
 class LossModule(nn.Module):
-    """Wraps `Transformer.loss` as forward() so DistributedDataParallel sees it."""
+    """Wraps `Transformer.loss_sum` as forward() so DistributedDataParallel (and torch.compile) see it."""
 
     def __init__(self, model: Transformer, label_smoothing: float) -> None:
         super().__init__()
         self.model, self.label_smoothing = model, label_smoothing
 
     def forward(self, src, tgt_in, labels):
-        return self.model.loss(src, tgt_in, labels, self.label_smoothing)[0]
+        return self.model.loss_sum(src, tgt_in, labels, self.label_smoothing)
 
 
 def estimate_line(progress: dict[str, Any]) -> str:
@@ -116,6 +116,7 @@ class Trainer:
 
             self.loss_module = DistributedDataParallel(
                 self.loss_module, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        self.loss_module = compiled_step(self.loss_module, self.options.compile)
         self.interrupted, self._stop = False, StopFlag()          # Ctrl-C / SIGTERM: stop at a clean step
 
     def _open_run(self, args) -> tuple[TrainSettings, dict | None]:

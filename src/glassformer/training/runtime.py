@@ -1,14 +1,18 @@
-"""Where and how a training run executes: the device, DDP ranks (torchrun), and stopping on Ctrl-C / SIGTERM."""
+"""Where and how a training run executes: the device, DDP ranks (torchrun), the compiled step (--compile),
+and stopping on Ctrl-C / SIGTERM."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 
 # ---- distributed ---------------------------------------------------------------------------
@@ -62,6 +66,21 @@ def init_distributed(device: torch.device) -> Dist:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return Dist(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+# ---- the compiled step ---------------------------------------------------------------------
+def compiled_step(module: nn.Module, enabled: bool) -> nn.Module:
+    """`module` (the loss: forward and label-smoothed NLL) under torch.compile when `enabled`: inductor turns
+    forward, loss and backward into generated C++ kernels (AOTAutograd traces the backward). Batches come in
+    many shapes (token-count batching), so the sizes are symbolic from the start: one graph, not one per
+    shape. Without a C++ compiler the step runs eagerly, after one line on stderr. The numbers are the
+    eager model's up to float rounding (tests/test_train.py)."""
+    if not enabled:
+        return module
+    if not any(shutil.which(c) for c in (os.environ.get("CXX") or "g++", "c++", "clang++")):
+        print("glassformer train: --compile: no C++ compiler found (g++); training eagerly", file=sys.stderr)
+        return module
+    return torch.compile(module, dynamic=True)
 
 
 # ---- stopping ------------------------------------------------------------------------------

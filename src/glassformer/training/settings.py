@@ -104,6 +104,8 @@ class RunOptions(Schema):
     device: Literal["auto", "cpu", "cuda"] = knob("auto", "auto: CUDA if present")
     threads: int | None = knob(None, "CPU threads per process", gt=0)
     quiet: bool = knob(False, "no progress bar")
+    compile: bool = knob(False, "compile the training step (forward, loss, backward) with torch.compile "
+                                "(needs a C++ compiler; docs/performance.md)")
 
 
 SCHEMAS = {"model": ModelSettings, "train": TrainSettings, "run": RunOptions}

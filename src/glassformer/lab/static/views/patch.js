@@ -1,9 +1,9 @@
-// glassformer lab, view 5 "patch" (#patch): activation patching, the share of clean→corrupt each head and position restores.
+// glassformer lab, view 5 "patch" (#patch): activation or attribution patching, the share of clean→corrupt each head and position restores.
 "use strict";
 (function () {
   const { S, EMBED, t, el, api, info, fmt, heat, showError, register } = window.LAB;
 
-  S.patch = { clean: null, corrupt: null, target: null, predict: null, result: null, runs: 0 };
+  S.patch = { clean: null, corrupt: null, target: null, predict: null, method: "activation", result: null, runs: 0 };
 
   async function loadPatch() {
     const st = S.patch;
@@ -19,7 +19,8 @@
     const st = S.patch;
     renderPatch();
     try {
-      st.result = await api("POST", "/api/patch", { clean: st.clean, corrupt: st.corrupt, target: st.target, predict: st.predict });
+      st.result = await api("POST", "/api/patch", { clean: st.clean, corrupt: st.corrupt, target: st.target, predict: st.predict,
+        method: st.method });
       showError(null);
     } catch (err) { showError(err); return; }
     renderPatch();
@@ -49,8 +50,12 @@
     };
     const fields = [["patch-clean", "clean", "30"], ["patch-corrupt", "corrupt", "30"], ["patch-target", "target", "30"],
       ["patch-predict", "predict", "8"]].map(([id, key, size]) => [key, input(id, key, size)]);
+    const method = el("select", { id: "patch-method" }, ["activation", "attribution"].map((m) =>
+      el("option", { value: m, selected: st.method === m }, t("patch.method." + m))));
+    method.addEventListener("change", () => { st.method = method.value; runPatch(); });
     root.append(el("div", { class: "controls" },
       fields.map(([key, node]) => el("label", { class: "group" }, el("span", { class: "label" }, t("patch." + key)), node)),
+      el("label", { class: "group" }, el("span", { class: "label" }, t("patch.method")), method),
       el("button", { type: "button", id: "patch-run", onclick: () => { fields.forEach(([key, node]) => { st[key] = node.value; }); runPatch(); } },
         t("patch.run"))));
     const r = st.result;
@@ -58,6 +63,7 @@
     const run = r.runs[0];
     root.append(el("p", { class: "badge " + (r.model.trained ? "trained" : "untrained") }, el("strong", {},
       `${t("sentence.model")}: ${r.model.trained ? t("trained") : t("untrained")}`), " — ", r.model.label[S.lang]));
+    if (r.method === "attribution") root.append(el("p", { class: "note", id: "patch-approx" }, t("patch.approx.note")));
     root.append(el("p", { id: "patch-quantity" }, t("patch.quantity", { w: r.predict, i: r.row, seen: r.row_sees.join(" ") })));
     root.append(el("p", { id: "patch-probs" }, t("patch.probs", { c: fmt(run.p_clean, 4), x: fmt(run.p_corrupt, 4),
       all: run.all_heads.fraction === null ? "n/a" : fmt(run.all_heads.fraction, 2) })));
