@@ -15,11 +15,12 @@ whole list with `max_batch_size`, which sorts by length inside), at most 2 x sou
 Outputs are target ids, detokenized by the run's target tokenizer for sacreBLEU, and compared with
 glassformer float32's: the report counts the outputs that differ, so no system wins by doing less.
 
-Systems: glassformer float32 / bfloat16 / int8 (glassformer.inference.precision), CTranslate2 compute_type
-float32 / int8 / bfloat16 (those `ctranslate2.get_supported_compute_types("cpu")` lists), Marian float32
-and bfloat16 autocast. Each runs in its own process (its peak RSS is that process's ru_maxrss, with the
-RSS after loading beside it); rounds are interleaved (each round runs every system once per case, the
-order rotating), and ratios are taken round by round. A plain matrix product at each precision, timed in
+Systems: glassformer float32 / compiled (float32 on the compiled static step, glassformer.inference.static;
+with --compiled; every row bucket compiled before the timed rounds) / bfloat16 / int8 (glassformer.inference.precision),
+CTranslate2 compute_type float32 / int8 / bfloat16 (those `ctranslate2.get_supported_compute_types("cpu")`
+lists), Marian float32 and bfloat16 autocast. Each runs in its own process (its peak RSS is that process's
+ru_maxrss, with the RSS after loading beside it); rounds are interleaved (each round runs every system once
+per case, the order rotating), and ratios are taken round by round. A plain matrix product at each precision, timed in
 the same run with the same threads, is the roofline; the CPU's flags are in the report.
 """
 
@@ -45,6 +46,7 @@ LENGTH_A, LENGTH_B = 2, 10                    # output limit: 2 x source length 
 QUALITY_BLEU = 0.3                            # a precision holds quality within this much BLEU of float32
 BASELINE = "glassformer/float32"
 GLASSFORMER = ("float32", "bfloat16", "int8")
+COMPILED = "glassformer/compiled"             # float32 on the compiled static step (after the precisions)
 CT2_TYPES = ("float32", "int8", "bfloat16")
 HF_TYPES = ("float32", "bfloat16")
 ROOFLINE_SHAPES = ((2048, 2048, 2048), (32, 256, 1024))     # (m, k, n): a large product, the decoder's own
@@ -111,12 +113,23 @@ def rss_mb() -> float:
 # ---- the systems (each in its own worker process) -----------------------------------------------------
 
 class Glassformer:
-    """A glassformer run folder at one precision: float32 on the fast path, bf16/int8 via with_precision."""
+    """A glassformer run folder at one precision: float32 on the fast path (eager, or "compiled": the static
+    step under torch.compile, every row bucket compiled before the first timed call), bf16/int8 via
+    with_precision."""
 
     def __init__(self, model, dtype: str, threads: int) -> None:
         from glassformer.inference.precision import with_precision
         self.threads, self.pad_id = threads, model.cfg.pad_id
-        self.decoder = _fast(model) if dtype == "float32" else with_precision(model, dtype)
+        self.warm: set[tuple[int, int]] = set()
+        if dtype == "compiled":
+            from glassformer import inference
+            from glassformer.inference.compiler import use_compile_cache
+            from glassformer.inference.static import StaticDecoder
+
+            use_compile_cache()                                  # TORCHINDUCTOR_CACHE_DIR or the user cache
+            self.decoder = StaticDecoder(model, compiled=True, encoder=inference.prepare(model))
+        else:
+            self.decoder = _fast(model) if dtype == "float32" else with_precision(model, dtype)
 
     @classmethod
     def load(cls, run: str, dtype: str, threads: int) -> Glassformer:
@@ -131,12 +144,28 @@ class Glassformer:
         out: list[list[int]] = [[] for _ in sources]
         search = strategy(beam)
         with use_threads(decoding_threads(batch * beam, self.threads)):
+            self._compile_buckets(sources, search, batch)
             for chunk in sorted_batches([len(s) for s in sources], batch):
                 src = torch.nn.utils.rnn.pad_sequence([torch.tensor(sources[i]) for i in chunk], batch_first=True,
                                                       padding_value=self.pad_id)            # (batch, longest)
                 for i, hyps in zip(chunk, generate(self.decoder, src, search, alpha=ALPHA), strict=True):
                     out[i] = hyps[0].tokens
         return out
+
+
+    def _compile_buckets(self, sources: list[list[int]], search, batch: int) -> None:
+        """Compiled decoder: run every row bucket up to `batch` once (two tokens), so no timed call compiles."""
+        import torch
+
+        from glassformer.decoding.search import generate
+        from glassformer.inference.static import SENTENCE_BUCKETS, StaticDecoder
+        if not isinstance(self.decoder, StaticDecoder) or (search.beam, batch) in self.warm or not sources:
+            return
+        self.warm.add((search.beam, batch))
+        for n in [b for b in SENTENCE_BUCKETS if b < batch] + [batch]:
+            rows = [torch.tensor(sources[i % len(sources)] or [self.pad_id + 1]) for i in range(n)]
+            src = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=self.pad_id)
+            generate(self.decoder, src, search, alpha=ALPHA, max_len=2)
 
 
 def _fast(model):
@@ -317,7 +346,7 @@ def _seconds_per_call(run, budget: float) -> float:
 # ---- the driver ----------------------------------------------------------------------------------------
 
 def systems(args) -> list[str]:
-    names = [f"glassformer/{d}" for d in GLASSFORMER]
+    names = [f"glassformer/{d}" for d in GLASSFORMER] + ([COMPILED] if getattr(args, "compiled", False) else [])
     if args.ct2:
         import ctranslate2
         supported = ctranslate2.get_supported_compute_types("cpu")
@@ -474,6 +503,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ct2", help="its CTranslate2 export (glassformer export --to ctranslate2)")
     p.add_argument("--hf", help="its transformers export (glassformer export --to transformers)")
     p.add_argument("--quick", action="store_true", help="64 sentences, 16 at batch 1, one round")
+    p.add_argument("--compiled", action="store_true",
+                   help="also glassformer float32 on the compiled static step (needs a C++ compiler)")
     p.add_argument("--rounds", type=int, help="rounds (default 3; 1 with --quick)")
     p.add_argument("--sentences", type=int, help="use only the first N sentences (default all)")
     p.add_argument("--b1-sentences", type=int, default=256, help="sentences of the batch-1 case (default 256)")

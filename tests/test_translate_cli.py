@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from glassformer.cli import main
-from glassformer.training.commands import add_train_arguments
 from glassformer.decoding.translator import Translator
+from glassformer.training.commands import add_train_arguments
 from glassformer.training.loop import train
 
 LIMIT = 64  # the tiny preset's max_len
@@ -147,7 +147,7 @@ def test_explain_shows_the_gave_row(model_dir, capsys, monkeypatch):
 @pytest.mark.slow
 def test_evaluate_prints_bleu_and_chrf_with_signatures(model_dir, capsys, monkeypatch):
     code, out, _ = _run(capsys, monkeypatch, ["evaluate", "--model", str(model_dir), "--split", "dev",
-                                              "--input", "gold", "--json"])
+                                              "--input", "gold", "--json", "--compile", "off"])
     assert code == 0
     result = json.loads(out)
     assert result["sentences"] == 232 and 0.0 <= result["bleu"] <= 100.0 and 0.0 <= result["chrf"] <= 100.0
@@ -280,3 +280,44 @@ def test_dtype_decodes_through_a_converted_copy_and_names_bad_values(model_dir, 
         main(["translate", "--model", str(model_dir), "--dtype", "int4", "我"])
     err = capsys.readouterr().err
     assert info.value.code == 2 and "--dtype" in err and "Traceback" not in err
+
+
+SENTENCES = ["我很好。", "你叫什么名字？", "谢谢你！"]
+
+
+def test_compile_on_without_a_compiler_says_so_in_one_line_and_decodes_eagerly(model_dir, capsys, monkeypatch):
+    from glassformer.inference import compiler
+
+    code, eager, err = _run(capsys, monkeypatch, ["translate", "--model", str(model_dir), "--compile", "off",
+                                                  *SENTENCES])
+    assert code == 0 and err == ""
+    monkeypatch.setattr(compiler, "cxx_compiler", lambda: None)
+    code, out, err = _run(capsys, monkeypatch, ["translate", "--model", str(model_dir), "--compile", "on",
+                                                *SENTENCES])
+    assert code == 0 and out == eager
+    assert len(err.strip().splitlines()) == 1 and "no C++ compiler" in err and "Traceback" not in err
+
+
+def test_compile_cache_that_is_not_a_folder_is_one_line_exit_2(model_dir, tmp_path, capsys, monkeypatch):
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("x")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.environ.get("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "c")))
+    code, out, err = _run(capsys, monkeypatch, ["translate", "--model", str(model_dir), "--compile", "on",
+                                                "--compile-cache", str(not_a_folder / "sub"), "我"])
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "--compile-cache" in err
+
+
+@pytest.mark.slow
+def test_compiled_translation_prints_the_eager_lines(model_dir, tmp_path, capsys, monkeypatch):
+    """--compile on (one shape: batches of one sentence, greedy) gives the lines of --compile off and says
+    on stderr that it compiled, and in how long."""
+    from glassformer.inference import compiler
+
+    if compiler.cxx_compiler() is None:
+        pytest.skip("needs a C++ compiler")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.environ.get("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "c")))
+    args = ["translate", "--model", str(model_dir), "--batch-size", "1", *SENTENCES]
+    code, eager, _ = _run(capsys, monkeypatch, [*args, "--compile", "off"])
+    code, out, err = _run(capsys, monkeypatch, [*args, "--compile", "on", "--compile-cache", str(tmp_path / "c")])
+    assert code == 0 and out == eager
+    assert "compiling the decoding step" in err and "compiled in" in err and "Traceback" not in err

@@ -26,6 +26,14 @@ def _add_decoding(parser: argparse.ArgumentParser, beam: int = 1) -> None:
     from ..inference.precision import add_dtype_argument
 
     add_dtype_argument(parser)                                               # --dtype float32|bfloat16|int8
+    parser.add_argument("--compile", choices=("auto", "on", "off"), default="off",
+                        help="compile the float32 decoding step with torch.compile (needs a C++ compiler): "
+                             "auto = on for jobs over 500 sentences when a compiler is found; off = eager "
+                             "(default: a cached start costs more than a short job saves, docs/performance.md); "
+                             "the same tokens")
+    parser.add_argument("--compile-cache", metavar="DIR",
+                        help="where compiled decoding steps are kept (default $TORCHINDUCTOR_CACHE_DIR, else "
+                             "~/.cache/glassformer/inductor)")
 
 
 def _translator(args):
@@ -40,7 +48,25 @@ def _translator(args):
     translator = Translator.load(model_dir(args), device_name(args.device))
     translator.check_max_length(args.max_length)
     translator.model = with_precision(translator.model, args.dtype)          # float32: the model itself
+    translator.compile, translator.notes = getattr(args, "compile", "off"), _stderr_note
+    if translator.compile != "off":
+        _compile_cache(getattr(args, "compile_cache", None))
     return translator, DEFAULT_ALPHA if args.alpha is None else args.alpha
+
+
+def _stderr_note(line: str) -> None:
+    print(f"glassformer: {line}", file=sys.stderr)
+
+
+def _compile_cache(folder: str | None) -> None:
+    """Compiled decoding steps go to --compile-cache (or the default folder); set before anything compiles."""
+    from ..inference.compiler import use_compile_cache
+
+    try:
+        use_compile_cache(folder)
+    except OSError as error:
+        raise UsageError(f"--compile-cache: cannot use {folder or 'the default cache folder'}: "
+                         f"{error.strerror or error}", "compile_cache") from None
 
 
 # ---- translate -----------------------------------------------------------------------------

@@ -206,16 +206,39 @@ def _log_probs(logits: Tensor, pad_id: int) -> Tensor:
     return log_probs
 
 
+class _CachedRun:
+    """The model's own incremental decoding as a run: `decode_step` through its KV cache, float64
+    log-probabilities, the strategy's choice. (inference.StaticDecoder gives runs with the same two
+    methods, over one static, compilable step.)"""
+
+    def __init__(self, model, memory: Tensor, src_pad: Tensor, search: Greedy | BeamSearch) -> None:
+        self.model, self.memory, self.src_pad, self.search = model, memory, src_pad, search
+        self.cache = model.new_cache()
+
+    def step(self, tokens: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """tokens (rows, 1), scores (sent, K) -> ranked candidates: scores, tokens, parents (sent, C)."""
+        logits = self.model.decode_step(tokens, self.memory, self.src_pad, self.cache)[:, -1]  # (rows, vocab)
+        log_probs = _log_probs(logits, self.model.cfg.pad_id).view(scores.size(0), scores.size(1), -1)
+        return self.search.step(log_probs, scores)
+
+    def keep(self, index: Tensor, same_source: bool) -> None:
+        """Keep rows `index`: beams follow their parents; without same_source, sentences left."""
+        self.cache.reorder(index, same_source=same_source)
+        if not same_source:                                                  # a sentence's beams share a source
+            self.memory, self.src_pad = self.memory[index], self.src_pad[index]
+
+
 @torch.no_grad()
 def generate(model, src: Tensor, search: Greedy | BeamSearch, src_pad: Tensor | None = None,
              alpha: float = DEFAULT_ALPHA, max_len: int | Tensor | None = None,
              n_best: int = 1) -> list[list[Hypothesis]]:
     """The n_best hypotheses of each sentence of a batch, best first (n_best <= the beam).
 
-    `model` is anything with the decoding API (cfg, encode, new_cache, decode_step); the cache keeps
-    batch rows `index` on `cache.reorder(index, same_source=...)`. The K beams of a sentence share its
-    source rows: cross-attention's K/V, `memory` and `src_pad` are re-indexed only when a sentence leaves,
-    and nothing is when every row continues itself (greedy until a sentence ends).
+    `model` is anything with the decoding API: cfg, encode, and either `start(memory, src_pad, search)`
+    (a run with `step` and `keep`, inference.StaticDecoder) or new_cache and decode_step (the model, its
+    prepared copy: `_CachedRun`). The K beams of a sentence share its source rows: cross-attention's K/V,
+    `memory` and `src_pad` are re-indexed only when a sentence leaves, and nothing is when every row
+    continues itself (greedy until a sentence ends).
     """
     K = search.beam
     if not 1 <= n_best <= K:
@@ -228,21 +251,17 @@ def generate(model, src: Tensor, search: Greedy | BeamSearch, src_pad: Tensor | 
     memory = model.encode(src, src_pad)                                      # (batch, src, d)
     rows = torch.arange(src.size(0), device=src.device).repeat_interleave(K)  # (batch*K,)
     memory, src_pad = memory[rows], src_pad[rows]                            # (batch*K, src, d)
-    cache = model.new_cache()
+    start = getattr(model, "start", None)
+    run = start(memory, src_pad, search) if start is not None else _CachedRun(model, memory, src_pad, search)
     tokens = torch.full((src.size(0) * K, 1), cfg.bos_id, dtype=torch.long, device=src.device)
     for length in itertools.count(1):                                        # tokens generated so far
-        logits = model.decode_step(tokens, memory, src_pad, cache)[:, -1]   # (alive*K, vocab)
-        log_probs = _log_probs(logits, cfg.pad_id).view(len(beams.alive), K, -1)  # (alive, K, vocab)
         n_rows = len(tokens)
-        index = beams.advance(*search.step(log_probs, beams.scores), length)
+        index = beams.advance(*run.step(tokens, beams.scores), length)
         if not index:
             break
         left = len(index) < n_rows                                           # a sentence left the batch
         if left or index != list(range(n_rows)):                             # else every row continues itself
-            index_t = torch.tensor(index, device=src.device)
-            cache.reorder(index_t, same_source=not left)                     # beams follow their parents
-            if left:                                                         # a sentence's beams share a source
-                memory, src_pad = memory[index_t], src_pad[index_t]
+            run.keep(torch.tensor(index, device=src.device), same_source=not left)   # beams follow their parents
         tokens = torch.tensor(beams.tokens, dtype=torch.long, device=src.device)[:, None]
     return [f.result() for f in beams.finished]
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -11,7 +11,9 @@ from torch.nn.utils.rnn import pad_sequence
 from ..data.tokenize import SourceEncoding, SourceTokenizer, TargetTokenizer
 from ..errors import UsageError
 from ..inference import decoding_threads, prepare, use_threads
+from ..inference.compiler import COMPILE_OPTIONS, compile_mode
 from ..inference.precision import precision_of
+from ..inference.static import StaticDecoder, unsupported
 from ..model import Transformer
 from .search import DEFAULT_ALPHA, generate, strategy
 
@@ -24,13 +26,21 @@ def _fast(model):
 
 
 class Translator:
-    """Chinese text in, English text out: segmentation, length checks, batched decoding, detokenization."""
+    """Chinese text in, English text out: segmentation, length checks, batched decoding, detokenization.
+
+    compile: "off" (the prepared copy, eagerly), "on" or "auto" (the compiled static step of
+    inference/static.py for a float32 Transformer on the CPU; auto: for jobs of more than
+    AUTO_MIN_SENTENCES sentences, when a C++ compiler is found, inference/compiler.py). `notes` hears
+    one-line remarks (the CLI: stderr)."""
 
     def __init__(self, model, source: SourceTokenizer, target: TargetTokenizer,
-                 device: str | torch.device = "cpu", batch_size: int = 64) -> None:
+                 device: str | torch.device = "cpu", batch_size: int = 64, compile: str = "off",
+                 notes: Callable[[str], None] | None = None) -> None:
         self.model, self.source, self.target = model, source, target
         self.device = torch.device(device)
         self.batch_size = batch_size
+        self.compile, self.notes = compile, notes
+        self._static: tuple[object, StaticDecoder] | None = None            # (model, its compiled step)
 
     @classmethod
     def load(cls, folder, device: str | torch.device = "cpu") -> Translator:
@@ -80,7 +90,8 @@ class Translator:
         order = sorted((i for i, s in enumerate(sources) if len(s)), key=lambda i: len(sources[i]))
         if not order:
             return out
-        decoder, search, pad_id = _fast(self.model), strategy(beam), self.model.cfg.pad_id
+        decoder, search, pad_id = self._decoder(len(order)), strategy(beam), self.model.cfg.pad_id
+        compiled = dict(decoder.compile_seconds) if isinstance(decoder, StaticDecoder) else None
         with use_threads(decoding_threads(min(len(order), self.batch_size) * beam)):
             for start in range(0, len(order), self.batch_size):
                 chunk = order[start: start + self.batch_size]
@@ -90,7 +101,39 @@ class Translator:
                     hyps = generate(decoder, src, search, alpha=alpha, max_len=max_length)
                 for i, h in zip(chunk, hyps, strict=True):
                     out[i] = h[0].tokens
+        if compiled is not None:
+            self._compile_note(decoder, compiled)
         return out
+
+    def _decoder(self, sentences: int):
+        """What decodes `sentences` sentences: the compiled static step (kept for the next calls while the
+        model is the same object), or `_fast(model)`."""
+        model = self.model
+        if (self.compile == "off" or self.device.type != "cpu" or not isinstance(model, Transformer)
+                or precision_of(model) != "float32" or unsupported(model)):
+            return _fast(model)
+        on, note = compile_mode(self.compile, sentences)
+        if note:
+            self._note(note)
+        if not on:
+            return _fast(model)
+        if self._static is None or self._static[0] is not model:
+            self._note("--compile: compiling the decoding step (the first run of a model and batch shape "
+                       "takes a while; later runs load it from the cache)")
+            self._static = (model, StaticDecoder(model, compiled=True, options=COMPILE_OPTIONS,
+                                                      encoder=prepare(model), notes=self._note))
+        return self._static[1]
+
+    def _compile_note(self, decoder: StaticDecoder, before: dict) -> None:
+        """One line on what this call compiled, and how long it took."""
+        new = {k: v for k, v in decoder.compile_seconds.items() if k not in before}
+        if new:
+            self._note(f"--compile: {len(new)} decoding step shape{'s' if len(new) > 1 else ''} compiled in "
+                       f"{sum(new.values()):.1f} s")
+
+    def _note(self, line: str) -> None:
+        if self.notes is not None:
+            self.notes(line)
 
     def detokenize(self, ids: Sequence[int]) -> str:
         return self.target.decode(ids)

@@ -1,0 +1,154 @@
+"""The static decoding step (inference/static.py) against the model's own `decode_step`: logits to 1e-5,
+tokens identical for greedy and beam search (sentences finishing at different steps, buckets shrinking),
+eagerly and compiled; `--compile auto|on|off` and `--compile-cache` in the CLI."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from glassformer.decoding.search import BeamSearch, Greedy, generate
+from glassformer.inference import compiler, prepare
+from glassformer.inference.static import SENTENCE_BUCKETS, StaticDecoder, bucket, unsupported
+from glassformer.model import Transformer
+from glassformer.model.config import ModelConfig
+
+
+def tiny(**changes) -> Transformer:
+    torch.manual_seed(0)
+    cfg = ModelConfig(src_vocab=60, tgt_vocab=50, d_model=32, heads=4, d_ff=64, encoder_layers=2,
+                      decoder_layers=2, max_len=40, dropout=0.0, **changes)
+    return Transformer(cfg).eval()
+
+
+def sources(batch: int = 5, length: int = 9) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(3, 60, (batch, length), generator=g)
+    for row in range(1, batch, 2):                                           # every other row padded
+        src[row, length - 2 * row % (length - 1) - 1:] = 0
+    return src
+
+
+@pytest.mark.parametrize("changes", [{}, {"norm_placement": "pre"}, {"positions": "learned"},
+                                     {"activation": "silu", "head_bias": True}, {"scale_scores": False}])
+def test_step_logits_equal_the_models_decode_step(changes):
+    model = tiny(**changes)
+    step = StaticDecoder(model)
+    src = sources()
+    pad = src == 0
+    with torch.no_grad():
+        memory = model.encode(src, pad)
+        cache = model.new_cache()
+        run = step.start(memory, pad, Greedy())
+        w = step.weights
+        tokens = torch.full((src.size(0), 1), model.cfg.bos_id)
+        for position in range(6):
+            expected = model.decode_step(tokens, memory, pad, cache)[:, -1]  # (batch, vocab)
+            ids = torch.zeros(run.capacity, dtype=torch.long)
+            ids[: src.size(0)] = tokens[:, 0]
+            got = w.logits(ids, torch.tensor(position), run.self_k, run.self_v, run.cross_k, run.cross_v,
+                           run.source)[: src.size(0)]
+            assert torch.allclose(got, expected, atol=1e-5, rtol=0), (position, (got - expected).abs().max())
+            tokens = expected.argmax(-1, keepdim=True)
+
+
+def _same(a, b) -> None:
+    assert [[h.tokens for h in hyps] for hyps in a] == [[h.tokens for h in hyps] for hyps in b]
+    for hyps_a, hyps_b in zip(a, b, strict=True):
+        for x, y in zip(hyps_a, hyps_b, strict=True):
+            assert x.finished == y.finished
+            assert x.score == pytest.approx(y.score, abs=1e-4) or x.score == y.score == -math.inf
+
+
+@pytest.mark.parametrize("search,n_best", [(Greedy(), 1), (BeamSearch(4), 1), (BeamSearch(3), 3)])
+def test_tokens_identical_with_sentences_finishing_at_different_steps(search, n_best):
+    """Per-sentence limits end sentences one by one: the rows move to the front and the bucket shrinks."""
+    model = tiny()
+    src = sources(batch=7)
+    limits = torch.tensor([3, 12, 5, 1, 9, 7, 2])
+    reference = generate(model, src, search, max_len=limits, n_best=n_best, alpha=0.6)
+    _same(generate(StaticDecoder(model), src, search, max_len=limits, n_best=n_best, alpha=0.6), reference)
+    alone = [generate(model, src[i: i + 1], search, max_len=limits[i: i + 1], n_best=n_best, alpha=0.6)[0]
+             for i in range(src.size(0))]
+    _same(generate(StaticDecoder(model), src, search, max_len=limits, n_best=n_best, alpha=0.6), alone)
+
+
+def test_sentences_ending_with_eos_at_different_steps():
+    """EOS made likely (a head bias): sentences end at different steps; the others decode as before."""
+    model = tiny(head_bias=True)
+    with torch.no_grad():
+        model.head.bias[model.cfg.eos_id] = 2.9
+    src = sources(batch=7)
+    for search in (Greedy(), BeamSearch(4)):
+        reference = generate(prepare(model), src, search, max_len=20)
+        assert len({len(h[0].tokens) for h in reference}) >= 2 and any(h[0].finished for h in reference)
+        _same(generate(StaticDecoder(model), src, search, max_len=20), reference)
+
+
+def test_buckets():
+    assert [bucket(n) for n in (1, 2, 3, 5, 33, 64)] == [1, 2, 4, 8, 64, 64]
+    assert bucket(65) == 2 * SENTENCE_BUCKETS[-1] and bucket(200) == 4 * SENTENCE_BUCKETS[-1]
+
+
+def test_models_the_step_cannot_run_are_named():
+    assert unsupported(tiny()) is None
+    assert "rope" in unsupported(tiny(positions="rope"))
+    with pytest.raises(ValueError, match="relative"):
+        StaticDecoder(tiny(positions="relative"))
+
+
+def test_compile_mode_without_a_compiler(monkeypatch):
+    monkeypatch.setattr(compiler, "cxx_compiler", lambda: None)
+    assert compiler.compile_mode("off", 100) == (False, None)
+    assert compiler.compile_mode("auto", 100) == (False, None)               # auto: eager, nothing said
+    on, note = compiler.compile_mode("on", 1)
+    assert not on and "no C++ compiler" in note
+
+
+def test_compile_mode_with_a_compiler(monkeypatch):
+    monkeypatch.setattr(compiler, "cxx_compiler", lambda: "/usr/bin/g++")
+    assert compiler.compile_mode("auto", compiler.AUTO_MIN_SENTENCES)[0] is False   # a few sentences: eager
+    assert compiler.compile_mode("auto", compiler.AUTO_MIN_SENTENCES + 1)[0] is True
+    assert compiler.compile_mode("on", 1)[0] is True
+
+
+def test_compile_cache_folder(monkeypatch, tmp_path):
+    monkeypatch.delenv(compiler.CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert compiler.default_cache_dir() == tmp_path / "xdg" / "glassformer" / "inductor"
+    assert compiler.use_compile_cache(tmp_path / "mine") == tmp_path / "mine"
+    assert (tmp_path / "mine").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(compiler.cxx_compiler() is None, reason="needs a C++ compiler")
+def test_compiled_step_gives_the_eager_tokens():
+    """torch.compile (inductor, frozen weights): one sentence, greedy and beam 2 (two shapes)."""
+    model = tiny()
+    src = sources(batch=1)
+    step = StaticDecoder(model, compiled=True, encoder=prepare(model))
+    for search in (Greedy(), BeamSearch(2)):
+        _same(generate(step, src, search, max_len=12, n_best=search.beam),
+              generate(model, src, search, max_len=12, n_best=search.beam))
+    assert len(step.compile_seconds) == 2 and all(s > 0 for s in step.compile_seconds.values())
+
+
+def test_a_source_of_only_pad_decodes_as_in_the_model():
+    """A row with no source key reads zero from cross-attention (the model's rule), never NaN."""
+    model = tiny()
+    src = sources(batch=3)
+    src[1] = 0
+    for search in (Greedy(), BeamSearch(2)):
+        _same(generate(StaticDecoder(model), src, search, max_len=8), generate(model, src, search, max_len=8))
+
+
+def test_buffers_grow_past_their_first_size():
+    """Outputs longer than the first self-attention buffer (SELF_START positions) decode as the model's."""
+    from glassformer.inference import static
+
+    model = tiny()
+    src = sources(batch=2)
+    limit = min(model.cfg.max_len, static.SELF_START + 5)
+    _same(generate(StaticDecoder(model), src, Greedy(), max_len=limit), generate(model, src, Greedy(), max_len=limit))
