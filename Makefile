@@ -82,7 +82,7 @@ race: $(STAMP) $(TATOEBA)
 	rm -rf $(EXPORTS)
 	$(GF) export --model $(MODEL) --to ctranslate2 --out $(EXPORTS)/ctranslate2
 	$(GF) export --model $(MODEL) --to transformers --out $(EXPORTS)/transformers
-	$(PY) -m benchmarks.race --run $(MODEL) --ct2 $(EXPORTS)/ctranslate2 --hf $(EXPORTS)/transformers $(RACE_ARGS)
+	$(PY) -m benchmarks.race --run $(MODEL) --ct2 $(EXPORTS)/ctranslate2 --hf $(EXPORTS)/transformers --compiled $(RACE_ARGS)
 
 race-quick:
 	$(MAKE) race RACE_ARGS=--quick

@@ -1,6 +1,7 @@
-"""Attribution (interpret/attribution.py, why.py) and the logit lens (lens.py) on small seeded models:
-completeness of integrated gradients, exact zeros where nothing can flow (PAD, future rows), contrast
-antisymmetry, the lens ending at the model's own probability, word merging, and one-line errors."""
+"""Attribution (interpret/attribution.py, integrated.py, why.py) and the logit lens (lens.py) on small seeded
+models and a tiny trained one: completeness of integrated gradients and its per-row error, auto steps,
+exact zeros where nothing can flow (PAD, future rows), contrast antisymmetry, the lens ending at the
+model's own probability, word merging, and one-line errors."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from glassformer import limits
 from glassformer.cli import main
 from glassformer.errors import UsageError
+from glassformer.interpret import integrated
 from glassformer.interpret.attribution import GRADIENT_METHODS, METHODS, attribute, baseline_embeddings
 from glassformer.interpret.lens import logit_lens
 from glassformer.interpret.why import why, word_groups
@@ -44,16 +46,20 @@ def _attr(model, method, src=SRC, rows=ROWS, labels=LABELS, **kw):
     return attribute(model, torch.tensor([src]), torch.tensor([TGT_IN]), rows, labels, method, **kw)
 
 
+@pytest.mark.parametrize("rule", integrated.RULES)
 @pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
-def test_integrated_gradients_complete_within_one_percent_at_256_steps(positions):
+def test_integrated_gradients_complete_within_one_percent_at_256_steps(positions, rule):
     model = _model(positions=positions)
-    a = _attr(model, "integrated-gradients", steps=256)
+    a = _attr(model, "integrated-gradients", steps=256, rule=rule)
     total = a.source.sum(1) + a.prefix.sum(1)
     delta = a.value - a.baseline
     moved = delta.abs() > 0.1                                          # rows where 1 % is a meaningful bound
     assert int(moved.sum()) >= 6
     assert ((total - delta).abs()[moved] <= 0.01 * delta.abs()[moved]).all(), (total, delta)
     assert ((total - delta).abs() <= 0.01 * delta.abs().max()).all()
+    # each row's own error: |Σ − Δ| / |Δ|, with an absolute floor of 0.01 nats under a row that barely moves
+    assert torch.allclose(a.error, (total - delta).abs() / delta.abs().clamp(min=0.01), rtol=1e-9)
+    assert (a.steps == 256).all() and (a.passes == (257 if rule == "trapezoid" else 256)).all()
     # the values are the model's own: log p(label) at each row, computed here without the hooks
     with torch.no_grad():
         logp = torch.log_softmax(model(torch.tensor([SRC]), torch.tensor([TGT_IN]))[0], dim=-1)
@@ -117,11 +123,33 @@ def test_input_x_gradient_and_integrated_gradients_match_captum(model):
     theirs = captum.InputXGradient(f).attribute(x)
     assert torch.allclose(ours.source[0], theirs[0].sum(-1)[0], atol=1e-9)
     assert torch.allclose(ours.prefix[0], theirs[1].sum(-1)[0], atol=1e-9)
-    ours = _attr(model, "integrated-gradients", rows=[2], labels=[HIM], contrast=[HER], steps=16)
     base = baseline_embeddings(model, src, tgt)
-    theirs = captum.IntegratedGradients(f).attribute(x, baselines=base, n_steps=16, method="gausslegendre")
-    assert torch.allclose(ours.source[0], theirs[0].sum(-1)[0], atol=1e-8)
-    assert torch.allclose(ours.prefix[0], theirs[1].sum(-1)[0], atol=1e-8)
+    # Captum's riemann_trapezoid weighs its n points (spaced 1/(n − 1)) by 1/n: (n − 1)/n of the trapezoid rule
+    for rule, theirs_method, n_points, scale in [("gauss-legendre", "gausslegendre", 16, 1.0),
+                                                 ("trapezoid", "riemann_trapezoid", 17, 17 / 16)]:
+        ours = _attr(model, "integrated-gradients", rows=[2], labels=[HIM], contrast=[HER], steps=16, rule=rule)
+        theirs = captum.IntegratedGradients(f).attribute(x, baselines=base, n_steps=n_points, method=theirs_method)
+        assert torch.allclose(ours.source[0], scale * theirs[0].sum(-1)[0], atol=1e-8)
+        assert torch.allclose(ours.prefix[0], scale * theirs[1].sum(-1)[0], atol=1e-8)
+
+
+def test_the_trapezoid_rule_is_the_mean_of_the_path_gradients():
+    """Without Captum: 2 trapezoid steps = ¼ g(0) + ½ g(½) + ¼ g(1), with g from autograd at those points."""
+    model = _model()
+    src, tgt = torch.tensor([SRC]), torch.tensor([TGT_IN])
+    with model.probes("encoder.embedding", "decoder.embedding") as rec:
+        model(src, tgt)
+    x, y = rec["encoder.embedding"], rec["decoder.embedding"]
+    b, c = baseline_embeddings(model, src, tgt)
+    total = torch.zeros(len(SRC), dtype=torch.float64)
+    for alpha, weight in [(0.0, 0.25), (0.5, 0.5), (1.0, 0.25)]:
+        e, t = (b + alpha * (x - b)).requires_grad_(), c + alpha * (y - c)     # both sides on the path
+        with model.intervene({"encoder.embedding": lambda v, _, e=e: e, "decoder.embedding": lambda v, _, t=t: t}):
+            logp = torch.log_softmax(model(src, tgt)[0, 2], dim=-1)
+        (grad,) = torch.autograd.grad(logp[HIM] - logp[HER], e)
+        total += weight * ((x - b) * grad).sum(-1)[0]
+    ours = _attr(model, "integrated-gradients", rows=[2], labels=[HIM], contrast=[HER], steps=2, rule="trapezoid")
+    assert torch.allclose(ours.source[0], total, atol=1e-10)
 
 
 def test_the_lens_ends_at_the_models_own_probability(model):
@@ -164,7 +192,8 @@ def lab():
 def test_why_on_the_untrained_lab_model_has_the_issues_shape(lab):
     out = why(lab.model, lab.source, lab.target, "我／昨天／给／了／他／一／本／书／。", "I gave him a book yesterday.",
               "integrated-gradients", "her", steps=64)
-    assert set(out) == {"method", "contrast", "rows", "details"} and out["contrast"] == "her"
+    assert set(out) == {"method", "contrast", "integration", "rows", "details"} and out["contrast"] == "her"
+    assert out["integration"]["steps"] == 64 and all(r["steps"] == 64 for r in out["rows"])
     assert [r["token"] for r in out["rows"]] == ["I", "gave", "him", "a", "book", "yesterday", ".", "</s>"]
     him = out["rows"][2]
     assert him["position"] == 2
@@ -215,6 +244,11 @@ def test_sub_word_pieces_are_summed_into_their_word(tmp_path):
     (["--method", "attention", "--contrast", "her"], "use a gradient method"),
     (["--row", "1"], "only with --lens"),
     (["--method", "shap"], "invalid choice"),
+    (["--steps", "many"], "expected a whole number or 'auto'"),
+    (["--tolerance", "1.5"], "tolerance: expected a number between 0 and 1"),
+    (["--tolerance", "0"], "tolerance: expected a number between 0 and 1"),
+    (["--tolerance", "nan"], "tolerance: expected a number between 0 and 1"),
+    (["--rule", "simpson"], "invalid choice"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, lab, argv, words):
     from glassformer.data.checkpoint import MODEL, save_run_files, save_weights
@@ -238,10 +272,118 @@ def test_attribute_json_is_the_documented_shape(tmp_path, capsys, lab):
     assert main(["attribute", "我／昨天／给／了／他／一／本／书／。", "--target", "I gave him a book yesterday.",
                  "--model", str(tmp_path), "--method", "saliency", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc) == {"method", "contrast", "rows"} and doc["contrast"] is None
-    assert set(doc["rows"][0]) == {"position", "token", "source", "prefix", "sum", "delta"}
+    assert set(doc) == {"method", "contrast", "integration", "rows"} and doc["contrast"] is None
+    assert set(doc["rows"][0]) == {"position", "token", "source", "prefix", "sum", "delta", "error", "steps", "passes"}
     assert doc["rows"][0]["delta"] is None and all(v >= 0 for _, v in doc["rows"][2]["source"])
+    assert doc["integration"] is None and doc["rows"][0]["error"] is None
     assert main(["attribute", "我／昨天／给／了／他／一／本／书／。", "--target", "I gave him a book yesterday.",
                  "--model", str(tmp_path), "--lens", "--contrast", "her", "--json"]) == 0
     lens = json.loads(capsys.readouterr().out)
     assert lens["row"] == 2 and lens["token"] == "him" and len(lens["steps"]) == 3 * lab.model.cfg.decoder_layers
+
+
+# ---- completeness on a trained model: the error of each row, auto steps --------------------------
+
+LESSON, TARGET = "我昨天给了他一本书。", "I gave him a book yesterday."
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A run of the tiny preset (about 15 s): trained weights make the path integrand kinked."""
+    import argparse
+
+    from glassformer.decoding.translator import Translator
+    from glassformer.training.commands import add_train_arguments
+    from glassformer.training.loop import train
+
+    out = tmp_path_factory.mktemp("tiny") / "run"
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    args = parser.parse_args(["--preset", "tiny", "--no-eval", "--quiet", "--threads", "1", "--out", str(out)])
+    assert train(args) == 0
+    torch.set_num_threads(1)
+    return out, Translator.load(out)
+
+
+def _independent_delta(t, row: int, label: int) -> float:
+    """f(input) − f(baseline) for one piece row, from the model's logits (no attribution code but the baseline)."""
+    src = torch.tensor([t.source.encode(LESSON)])
+    tgt = torch.tensor([[t.model.cfg.bos_id, *t.target.encode(TARGET)]])
+    b_src, b_tgt = baseline_embeddings(t.model, src, tgt)
+    with torch.no_grad():
+        at_x = torch.log_softmax(t.model(src, tgt)[0, row].double(), -1)[label]
+        with t.model.intervene({"encoder.embedding": lambda v, _: b_src, "decoder.embedding": lambda v, _: b_tgt}):
+            at_b = torch.log_softmax(t.model(src, tgt)[0, row].double(), -1)[label]
+    return float(at_x - at_b)
+
+
+@pytest.mark.parametrize("rule", integrated.RULES)
+def test_auto_steps_make_every_row_of_a_trained_model_complete(trained, rule):
+    _, t = trained
+    few = why(t.model, t.source, t.target, LESSON, TARGET, "integrated-gradients", steps=integrated.START_STEPS,
+              rule=rule, lens=False)
+    assert max(r["error"] for r in few["rows"]) > 0.01                 # the first count alone is not enough here
+    out = why(t.model, t.source, t.target, LESSON, TARGET, "integrated-gradients", steps="auto", rule=rule, lens=False)
+    ids = [*t.target.encode(TARGET), t.model.cfg.eos_id]
+    assert out["integration"]["unconverged"] == []
+    for r, pieces in zip(out["rows"], word_groups([t.target.id_to_token(i) or "<s>" for i in ids]), strict=True):
+        delta = sum(_independent_delta(t, k, ids[k]) for k in pieces)
+        total = sum(v for _, v in r["source"]) + sum(v for _, v in r["prefix"])
+        assert abs(total - delta) <= 0.01 * max(abs(delta), integrated.DELTA_FLOOR), (r["token"], total, delta)
+        assert r["error"] == pytest.approx(abs(total - delta) / max(abs(delta), 0.01), abs=1e-6)
+        assert integrated.START_STEPS <= r["steps"] <= limits.MAX_IG_AUTO_STEPS
+    assert max(r["steps"] for r in out["rows"]) > integrated.START_STEPS   # some row needed doubling
+    if rule == "trapezoid":                                            # nested: a row runs each node once
+        assert all(r["passes"] == (r["steps"] + 1) * len(p) for r, p in
+                   zip(out["rows"], word_groups([t.target.id_to_token(i) or "<s>" for i in ids]), strict=True))
+
+
+def test_the_nested_trapezoid_equals_a_fresh_one_at_its_final_steps(trained):
+    _, t = trained
+    src = torch.tensor([t.source.encode(LESSON)])
+    ids = t.target.encode(TARGET)
+    tgt = torch.tensor([[t.model.cfg.bos_id, *ids]])
+    rows, labels = list(range(len(ids) + 1)), [*ids, t.model.cfg.eos_id]
+    auto = attribute(t.model, src, tgt, rows, labels, "integrated-gradients", steps="auto", tolerance=0.002)
+    for n in sorted(set(auto.steps.tolist())):
+        picked = [r for r in rows if auto.steps[r] == n]
+        with limits.lifted():                                          # auto may pass MAX_IG_STEPS
+            fresh = attribute(t.model, src, tgt, picked, [labels[r] for r in picked], "integrated-gradients", steps=n)
+        assert torch.allclose(auto.source[picked], fresh.source, atol=1e-9)
+        assert torch.allclose(auto.prefix[picked], fresh.prefix, atol=1e-9)
+
+
+def test_rows_over_the_tolerance_are_reported_on_stderr_and_in_json(trained, capsys):
+    out, t = trained
+    argv = ["attribute", LESSON, "--target", TARGET, "--model", str(out), "--json"]
+    assert main([*argv, "--steps", "2"]) == 0                           # far too few steps: reported, not hidden
+    captured = capsys.readouterr()
+    doc, err = json.loads(captured.out), captured.err
+    over = [r for r in doc["rows"] if r["error"] > 0.01]
+    assert over and doc["integration"]["unconverged"] == [r["token"] for r in over]
+    assert err.count("\n") == 1 and "not complete within 1 %" in err
+    assert all(f"row {r['position']} {r['token']} {100 * r['error']:.2f} %" in err for r in over)
+    assert main([*argv, "--tolerance", "1e-9"]) == 0                   # auto cannot get there: stops at a limit
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert all(256 <= r["steps"] <= limits.MAX_IG_AUTO_STEPS for r in doc["rows"])
+    assert sum(r["passes"] for r in doc["rows"]) <= limits.MAX_ATTRIBUTION_PASSES
+    assert "MAX_IG_AUTO_STEPS" in captured.err and "MAX_ATTRIBUTION_PASSES" in captured.err
+    assert len(doc["integration"]["unconverged"]) == len(doc["rows"])
+    assert main([*argv[:-1], "--steps", "2"]) == 0                     # the table has the error column
+    captured = capsys.readouterr()
+    assert "error" in captured.out and captured.out.count(" over") == len(over)
+
+
+def test_auto_stays_within_the_pass_budget(trained, monkeypatch):
+    _, t = trained
+    rows = len(t.target.encode(TARGET)) + 1
+    budget = rows * (integrated.START_STEPS + 1) + 40                  # the first count and a little more
+    monkeypatch.setattr(limits, "MAX_ATTRIBUTION_PASSES", budget)
+    out = why(t.model, t.source, t.target, LESSON, TARGET, "integrated-gradients", steps="auto", tolerance=1e-6,
+              lens=False)
+    assert sum(r["passes"] for r in out["rows"]) <= budget
+    assert out["integration"]["unconverged"]                           # reported, not silently short
+    monkeypatch.setattr(limits, "MAX_ATTRIBUTION_PASSES", rows * integrated.START_STEPS)
+    with pytest.raises(limits.LimitError, match="MAX_ATTRIBUTION_PASSES"):
+        why(t.model, t.source, t.target, LESSON, TARGET, "integrated-gradients", lens=False)

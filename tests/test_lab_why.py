@@ -47,6 +47,10 @@ def test_why_view_draws_the_map_the_contrast_and_the_lens(browser, lab_server, a
         expected = api.attribute({})
         top = max(expected["rows"][2]["source"], key=lambda pair: abs(pair[1]))
         assert f"{top[0]}" in page.inner_text("#why-top") and f"{top[1]:.3f}" in page.inner_text("#why-top")
+        him_row = expected["rows"][2]                                        # its completeness error and steps
+        assert f"{100 * him_row['error']:.2f} %" in page.inner_text("#why-complete")
+        assert str(him_row["steps"]) in page.inner_text("#why-complete")
+        assert page.locator("#why-unconverged").count() == 0                 # every row within 1 %: no warning
         lens = page.locator('[data-probe="why.lens"] tbody tr')
         assert lens.count() == 2                                             # p(him) and p(her)
         cells = lens.first.locator("td").all_inner_texts()
@@ -60,6 +64,20 @@ def test_why_view_draws_the_map_the_contrast_and_the_lens(browser, lab_server, a
         scores = [float(v) for v in page.locator('[data-probe="why.map"] td.num').all_inner_texts()]
         assert scores and min(scores) >= 0
         assert p.outside == [] and p.errors == []
+        # too few steps for a tight tolerance: the rows over it are named in a warning
+        page.select_option("#why-method", "integrated-gradients")
+        p.wait_count("whyRuns", 3)
+        page.fill("#why-steps", "2")
+        page.fill("#why-tolerance", "0.0001")
+        page.click("#why-run")
+        p.wait_count("whyRuns", 4)
+        forced = api.attribute({"steps": 2, "tolerance": 0.0001})
+        over = [r for r in forced["rows"] if r["error"] > 0.0001]
+        warning = page.inner_text("#why-unconverged")
+        named = [r for r in over if f"{r['token']} (" in warning or f"{r['token']}（" in warning]
+        assert over and named == over and all(f"{100 * r['error']:.2f}" in warning for r in over)
+        page.fill("#why-steps", "auto")
+        page.fill("#why-tolerance", "0.01")
         # a contrast word the vocabulary lacks: one line naming the field, the 400 only
         page.fill("#why-contrast", "zebra")
         page.click("#why-run")
@@ -92,13 +110,31 @@ def test_the_default_request_is_the_lesson_sentence_him_vs_her(api):
     assert [r["token"] for r in out["rows"]] == WORDS
     assert out["details"]["lens"]["row"] == 2 and out["details"]["baseline"] == "position-only"
     assert out["model"]["trained"] is False
-    for row in out["rows"]:                                               # completeness at the default steps
-        assert abs(row["sum"] - row["delta"]) <= 0.05 * abs(row["delta"]) + 1e-3
+    spec = out["integration"]
+    assert spec == {"rule": "trapezoid", "steps": "auto", "tolerance": 0.01, "unconverged": []}
+    for row in out["rows"]:                                               # completeness at the auto steps
+        assert abs(row["sum"] - row["delta"]) <= 0.01 * max(abs(row["delta"]), 0.01) + 1e-5   # + the rounding
+        assert row["error"] == pytest.approx(abs(row["sum"] - row["delta"]) / max(abs(row["delta"]), 0.01),
+                                             abs=1e-4)
+        assert 16 <= row["steps"] <= 1024 and row["passes"] >= row["steps"] + 1
+
+
+def test_a_fixed_count_reports_the_rows_over_the_tolerance(api):
+    out = api.attribute({"steps": 2, "rule": "gauss-legendre", "tolerance": 0.001})
+    over = [r["token"] for r in out["rows"] if r["error"] > 0.001]
+    assert over and out["integration"]["unconverged"] == over
+    assert all(r["steps"] == 2 and r["passes"] == 2 for r in out["rows"])
 
 
 @pytest.mark.parametrize("body, status, field, words", [
     ({"steps": 257}, 413, "steps", "MAX_IG_STEPS"),
-    ({"steps": 0}, 400, "steps", "greater than or equal"),
+    ({"steps": 0}, 400, "steps", "at least 1 step"),
+    ({"steps": "many"}, 400, "steps", "or 'auto'"),
+    ({"steps": True}, 400, "steps", "or 'auto'"),
+    ({"tolerance": 1}, 400, "tolerance", "less than 1"),
+    ({"tolerance": 0}, 400, "tolerance", "greater than 0"),
+    ({"tolerance": "1%"}, 400, "tolerance", "expected a number"),
+    ({"rule": "simpson"}, 400, "rule", "trapezoid"),
     ({"contrast": "zebra"}, 400, "contrast", "not one token"),
     ({"row": 99}, 400, "row", "outside the target rows"),
     ({"method": "shap"}, 400, "method", "expected"),
@@ -106,6 +142,7 @@ def test_the_default_request_is_the_lesson_sentence_him_vs_her(api):
     ({"source": "我" * 401}, 413, "source", "MAX_SOURCE_CHARS"),
     ({"target": "a " * 500}, 413, "target", "MAX_TARGET_CHARS"),
     ({"steps": "64"}, 400, "steps", "integer"),
+    ({"steps": 257, "method": "saliency"}, 413, "steps", "MAX_IG_STEPS"),
     ({"lens": True}, 400, "lens", "unknown key"),
 ])
 def test_bad_bodies_are_4xx_json_naming_the_field(api, body, status, field, words):

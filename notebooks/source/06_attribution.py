@@ -65,7 +65,7 @@ tgt_in = torch.tensor([[BOS, *ids]])                                      # (1, 
 # $\alpha\approx 0$, and no step count integrates that.
 
 # %%
-result = why(lab.model, lab.source, lab.target, SOURCE, TARGET, "integrated-gradients", steps=64)
+result = why(lab.model, lab.source, lab.target, SOURCE, TARGET, "integrated-gradients")   # steps: auto
 rows = result["rows"]
 units = result["details"]["units"]
 columns = [name for name, _ in max((r["prefix"] for r in rows), key=len)]

@@ -35,6 +35,7 @@ MAX_BEAM = 32                        # beam size of `translate` / `evaluate`
 # ---- attribution (`attribute`, POST /api/attribute) ------------------------------------------
 MAX_IG_STEPS = 256                   # integrated-gradients steps (Gauss–Legendre nodes) per row
 MAX_ATTRIBUTION_PASSES = 8192        # sentence copies one request runs forward and backward (rows × steps)
+MAX_IG_AUTO_STEPS = 1024             # steps `--steps auto` may double a row to (within MAX_ATTRIBUTION_PASSES)
 
 # ---- model folders (config.json, model.safetensors, vocab.json) ------------------------------
 MAX_D_MODEL = 4096

@@ -9,8 +9,10 @@ and every method gives one score per source unit and per target input 0..t (BOS,
 
 - saliency: Σ_d |∂f/∂e|, the gradient's size at each embedding (unsigned);
 - input-x-gradient: Σ_d e · ∂f/∂e (signed; first-order share of f);
-- integrated-gradients: Σ_d (e − e') · ∫₀¹ ∂f/∂e(e' + α(e − e')) dα from a baseline e', the integral by
-  Gauss–Legendre with `steps` nodes. Completeness: the scores of a row sum to f(e) − f(e') (`delta`).
+- integrated-gradients: Σ_d (e − e') · ∫₀¹ ∂f/∂e(e' + α(e − e')) dα from a baseline e', the integral by a
+  quadrature rule (integrated.py: the trapezoid by default, or Gauss–Legendre). Completeness: the scores of
+  a row sum to f(e) − f(e') (`delta`); each row's error |Σ − delta| / |delta| is returned, and `steps="auto"`
+  doubles the steps until every row is within the tolerance.
   The baseline is the position-only embedding: every token vector removed, each position's sinusoidal
   vector kept (source and target alike). Not the zero embedding: LayerNorm is scale-invariant, so f(αe)
   is flat for α > 0 and jumps at α ≈ 0, and no step count integrates that (measured: completeness off
@@ -20,7 +22,7 @@ and every method gives one score per source unit and per target input 0..t (BOS,
   averaged over every decoder layer and head; they do not depend on the predicted token (no contrast).
 
 e is the value at the hook points `encoder.embedding` / `decoder.embedding` (token × √d + position). The
-integrated-gradients batch holds rows × steps copies of the sentence and needs one backward pass: every
+integrated-gradients batch holds rows × nodes copies of the sentence, one backward pass per chunk: every
 copy's f depends on its own embeddings only, so the gradient of Σ f is each copy's own gradient.
 
 The methods are a few lines on `model.intervene`; Captum's IntegratedGradients (same nodes) agrees with
@@ -31,19 +33,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from .. import limits
 from ..errors import UsageError
 from ..model import sinusoidal_positions
+from . import integrated
+from .integrated import DEFAULT_RULE, DEFAULT_TOLERANCE, Path, node_scores, objective, run
 
 METHODS = ("saliency", "input-x-gradient", "integrated-gradients", "attention")
 GRADIENT_METHODS = METHODS[:3]
 DEFAULT_METHOD = "integrated-gradients"
-DEFAULT_STEPS = 128             # Gauss–Legendre nodes (completeness by steps: docs/attribution.md)
-CHUNK = 128                     # sentence copies per forward/backward pass (memory, not results)
+AUTO = "auto"                   # steps: doubled until every row is complete within the tolerance
+DEFAULT_STEPS = AUTO
 
 
 @dataclass(frozen=True)
@@ -65,24 +68,35 @@ def special_ids(model) -> Specials:
 class Attribution:
     """Per target row r: scores over the source (rows, src) and over the target inputs (rows, tgt).
 
-    `value` is f at the input; `baseline` f at the baseline embedding (integrated gradients only)."""
+    `value` is f at the input; integrated gradients only: `baseline` f at the baseline embedding, `error`
+    |Σ − (value − baseline)| / max(|value − baseline|, DELTA_FLOOR), `steps` the rule's steps and
+    `passes` the forward-backward passes spent on the row."""
 
     source: Tensor
     prefix: Tensor
     value: Tensor
     baseline: Tensor | None
+    error: Tensor | None = None
+    steps: Tensor | None = None
+    passes: Tensor | None = None
 
 
-def gauss_legendre(steps: int) -> tuple[Tensor, Tensor]:
-    """Nodes α in (0, 1) and weights (summing to 1) for ∫₀¹ g(α) dα ≈ Σ w g(α)."""
-    x, w = np.polynomial.legendre.leggauss(steps)
-    return torch.from_numpy((x + 1) / 2), torch.from_numpy(w / 2)
-
-
-def check_steps(steps: int, field: str = "steps") -> None:
+def check_steps(steps, field: str = "steps") -> None:
+    """`steps` is AUTO or a whole number 1 … MAX_IG_STEPS."""
+    if steps == AUTO:
+        return
+    if not isinstance(steps, int) or isinstance(steps, bool):
+        raise UsageError(f"{field}: expected an integer number of steps or {AUTO!r}, got {steps!r}", field)
     if steps < 1:
         raise UsageError(f"{field}: expected at least 1 step, got {steps}", field)
     limits.check(f"{field}: integrated-gradients steps", steps, "MAX_IG_STEPS", field)
+
+
+def check_passes(rows: int, steps, rule: str = DEFAULT_RULE, field: str = "steps") -> None:
+    """rows × the passes of one row (auto: of its first count) within MAX_ATTRIBUTION_PASSES."""
+    first = integrated.START_STEPS if steps == AUTO else steps
+    limits.check("rows × integrated-gradients passes", rows * integrated.passes_per_row(rule, first),
+                 "MAX_ATTRIBUTION_PASSES", field)
 
 
 def baseline_name(model) -> str:
@@ -105,78 +119,49 @@ def baseline_embeddings(model, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, Ten
     return rec["encoder.embedding"], rec["decoder.embedding"]
 
 
-def _objective(logits: Tensor, rows: Tensor, tokens: Tensor, contrast: Tensor | None) -> Tensor:
-    """f for each copy b: log p(tokens[b]) at row rows[b] (− log p(contrast[b]) where contrast[b] ≥ 0)."""
-    at = torch.arange(logits.size(0), device=logits.device)
-    logp = torch.log_softmax(logits[at, rows].double(), dim=-1)             # (copies, vocab)
-    f = logp[at, tokens]
-    if contrast is not None:
-        f = f - torch.where(contrast >= 0, logp[at, contrast.clamp(min=0)], torch.zeros_like(f))
-    return f
-
-
-def _run(model, src: Tensor, tgt_in: Tensor, src_pad: Tensor, e_src: Tensor, e_tgt: Tensor) -> Tensor:
-    """Logits with the embeddings replaced by e_src (copies, src, d) and e_tgt (copies, tgt, d)."""
-    n = e_src.size(0)
-    with model.intervene({"encoder.embedding": lambda v, name: e_src, "decoder.embedding": lambda v, name: e_tgt}):
-        return model(src.expand(n, -1), tgt_in.expand(n, -1), src_pad.expand(n, -1))   # (copies, tgt, vocab)
-
-
 def gradient_attribution(model, src: Tensor, tgt_in: Tensor, rows: list[int], tokens: list[int],
                          method: str = DEFAULT_METHOD, contrast: list[int] | None = None,
-                         steps: int = DEFAULT_STEPS, src_pad: Tensor | None = None) -> Attribution:
+                         steps: int | str = DEFAULT_STEPS, src_pad: Tensor | None = None, rule: str = DEFAULT_RULE,
+                         tolerance: float = DEFAULT_TOLERANCE, group: list[int] | None = None) -> Attribution:
     """Scores for rows `rows` predicting `tokens` (contrast[k] < 0: no contrast at that row).
 
-    src: (1, src) ids, tgt_in: (1, tgt) right-shifted target ids, src_pad: (1, src) True = PAD.
+    src: (1, src) ids, tgt_in: (1, tgt) right-shifted target ids, src_pad: (1, src) True = PAD;
+    group: (integrated gradients, auto) the word of each row, which converges as one.
     """
     if method not in GRADIENT_METHODS:
         raise UsageError(f"method: expected one of {', '.join(GRADIENT_METHODS)}, got {method!r}", "method")
     if any(not 0 <= r < tgt_in.size(1) for r in rows):
         raise UsageError(f"row: outside the target input of {tgt_in.size(1)} positions", "row")
+    integrated.check_rule(rule)
+    integrated.check_tolerance(tolerance)
     model.eval()
     src_pad = model.source_padding(src) if src_pad is None else src_pad
     with torch.no_grad(), model.probes("encoder.embedding", "decoder.embedding") as rec:
         model(src, tgt_in, src_pad)
-    x_src, x_tgt = rec["encoder.embedding"], rec["decoder.embedding"]       # (1, src, d), (1, tgt, d)
-    integrated = method == "integrated-gradients"
-    if integrated:
-        check_steps(steps)
-        alphas, weights = gauss_legendre(steps)
-        b_src, b_tgt = baseline_embeddings(model, src, tgt_in)
+    x = (rec["encoder.embedding"], rec["decoder.embedding"])               # (1, src, d), (1, tgt, d)
+    device = x[0].device
+    ids = (torch.tensor(rows, device=device), torch.tensor(tokens, device=device),
+           torch.tensor(contrast, device=device) if contrast is not None else None)
+    if method != "integrated-gradients":
+        path = Path(model, src, tgt_in, src_pad, x, (torch.zeros_like(x[0]), torch.zeros_like(x[1])), *ids)
+        one = torch.ones(1, dtype=torch.float64)
+        source, prefix = node_scores(path, torch.arange(len(rows)), one, "abs" if method == "saliency" else "dot")
+        value, _ = _values(model, src, tgt_in, src_pad, x, None, rows, tokens, contrast)
+        return Attribution(source[:, 0].cpu(), prefix[:, 0].cpu(), value.cpu(), None)
+    check_steps(steps)
+    check_passes(len(rows), steps, rule)
+    b = baseline_embeddings(model, src, tgt_in)
+    path = Path(model, src, tgt_in, src_pad, x, b, *ids)
+    value, baseline = _values(model, src, tgt_in, src_pad, x, b, rows, tokens, contrast)
+    delta = (value - baseline).cpu()
+    if steps == AUTO:
+        lifted = len(rows) * 2 * (limits.MAX_IG_AUTO_STEPS + 1)            # --no-limits: auto's own bound
+        budget = limits.MAX_ATTRIBUTION_PASSES if limits.enforced() else lifted
+        out = integrated.auto(path, delta, rule, tolerance, budget, torch.tensor(group) if group else None)
     else:
-        alphas, weights = torch.ones(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64)
-        b_src, b_tgt = torch.zeros_like(x_src), torch.zeros_like(x_tgt)
-    k = len(alphas)
-    # copy b = (row index b // k, node b % k)
-    device = x_src.device
-    row_of = torch.tensor(rows, device=device).repeat_interleave(k)
-    token_of = torch.tensor(tokens, device=device).repeat_interleave(k)
-    contrast_of = torch.tensor(contrast, device=device).repeat_interleave(k) if contrast is not None else None
-    alphas, weights = alphas.to(device), weights.to(device)
-    alpha_of = alphas.repeat(len(rows))
-    g_src = torch.zeros(len(rows) * k, *x_src.shape[1:], dtype=torch.float64, device=device)
-    g_tgt = torch.zeros(len(rows) * k, *x_tgt.shape[1:], dtype=torch.float64, device=device)
-    for start in range(0, len(row_of), CHUNK):
-        part = slice(start, start + CHUNK)
-        a = alpha_of[part].to(x_src.dtype)[:, None, None]                   # (copies, 1, 1)
-        e_src = (b_src + a * (x_src - b_src)).requires_grad_()              # e' + α(e − e'), (copies, src, d)
-        e_tgt = (b_tgt + a * (x_tgt - b_tgt)).requires_grad_()
-        with torch.enable_grad():
-            f = _objective(_run(model, src, tgt_in, src_pad, e_src, e_tgt), row_of[part], token_of[part],
-                           contrast_of[part] if contrast_of is not None else None)
-            grad_src, grad_tgt = torch.autograd.grad(f.sum(), (e_src, e_tgt))
-        g_src[part], g_tgt[part] = grad_src.double(), grad_tgt.double()
-    w = weights.repeat(len(rows))[:, None, None]
-    g_src = (w * g_src).reshape(len(rows), k, *x_src.shape[1:]).sum(1)     # (rows, src, d): ∫ ∂f/∂e dα
-    g_tgt = (w * g_tgt).reshape(len(rows), k, *x_tgt.shape[1:]).sum(1)     # (rows, tgt, d)
-    if method == "saliency":
-        source, prefix = g_src.abs().sum(-1), g_tgt.abs().sum(-1)
-    else:
-        source = ((x_src - b_src).double() * g_src).sum(-1)                 # (rows, src)
-        prefix = ((x_tgt - b_tgt).double() * g_tgt).sum(-1)                 # (rows, tgt)
-    value, baseline = _values(model, src, tgt_in, src_pad, (x_src, x_tgt), (b_src, b_tgt) if integrated else None,
-                              rows, tokens, contrast)
-    return Attribution(source.cpu(), prefix.cpu(), value.cpu(), baseline.cpu() if baseline is not None else None)
+        out = integrated.fixed(path, steps, rule)
+    error = integrated.row_errors(out.source.sum(1) + out.prefix.sum(1), delta)
+    return Attribution(out.source, out.prefix, value.cpu(), baseline.cpu(), error, out.steps, out.passes)
 
 
 @torch.no_grad()
@@ -187,7 +172,7 @@ def _values(model, src, tgt_in, src_pad, inputs, baselines, rows, tokens, contra
     c = torch.tensor(contrast, device=device) if contrast is not None else None
 
     def f(embeddings):
-        return _objective(_run(model, src, tgt_in, src_pad, *embeddings).expand(len(rows), -1, -1), r, t, c)
+        return objective(run(model, src, tgt_in, src_pad, *embeddings).expand(len(rows), -1, -1), r, t, c)
     return f(inputs), (f(baselines) if baselines is not None else None)
 
 
@@ -208,12 +193,14 @@ def attention_attribution(model, src: Tensor, tgt_in: Tensor, rows: list[int],
 
 
 def attribute(model, src: Tensor, tgt_in: Tensor, rows: list[int], tokens: list[int], method: str = DEFAULT_METHOD,
-              contrast: list[int] | None = None, steps: int = DEFAULT_STEPS,
-              src_pad: Tensor | None = None) -> Attribution:
+              contrast: list[int] | None = None, steps: int | str = DEFAULT_STEPS, src_pad: Tensor | None = None,
+              rule: str = DEFAULT_RULE, tolerance: float = DEFAULT_TOLERANCE,
+              group: list[int] | None = None) -> Attribution:
     """Any method of METHODS (see the module docstring)."""
     if method == "attention":
         if contrast is not None:
             raise UsageError("contrast: the attention method reads weights, which do not depend on the predicted "
                              "token; use a gradient method for a contrast", "contrast")
         return attention_attribution(model, src, tgt_in, rows, src_pad)
-    return gradient_attribution(model, src, tgt_in, rows, tokens, method, contrast, steps, src_pad)
+    return gradient_attribution(model, src, tgt_in, rows, tokens, method, contrast, steps, src_pad, rule, tolerance,
+                                group)

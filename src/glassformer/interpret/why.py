@@ -1,10 +1,14 @@
 """Why *him*, for one sentence: attribution rows by target word and the logit lens, as JSON and as text.
 
-`glassformer attribute SENTENCE [--target TEXT] [--method M] [--contrast WORD] [--steps N] [--lens [--row R]]`.
+`glassformer attribute SENTENCE [--target TEXT] [--method M] [--contrast WORD] [--steps N|auto] [--tolerance T]
+[--rule R] [--lens [--row R]]`.
 The target rows are teacher-forced with --target, else the model's greedy output is fed back. Sub-word
 pieces of one target word are merged into the word by summing: a word's row is the sum of its pieces'
 rows (log p(word) = Σ log p(piece)), a prefix column the sum of its pieces' columns. With a contrast
 word c the first piece of each word competes with c: f = log p(word) − log p(c at the word's first row).
+Integrated gradients: each word row carries its completeness error (its pieces' sums against their deltas),
+its steps and passes; `--steps auto` (the default) doubles the steps until every word is within the tolerance,
+and the words that are not are named on stderr.
 """
 
 from __future__ import annotations
@@ -18,7 +22,18 @@ from .. import limits
 from ..data.tokenize import UNK
 from ..decoding.search import Greedy, generate
 from ..errors import UsageError
-from .attribution import DEFAULT_METHOD, DEFAULT_STEPS, METHODS, attribute, baseline_name, check_steps, special_ids
+from .attribution import (
+    AUTO,
+    DEFAULT_METHOD,
+    DEFAULT_STEPS,
+    METHODS,
+    attribute,
+    baseline_name,
+    check_passes,
+    check_steps,
+    special_ids,
+)
+from .integrated import DEFAULT_RULE, DEFAULT_TOLERANCE, RULES, check_rule, check_tolerance, grouped_errors
 from .lens import logit_lens
 from .patching import DEFAULT_CLEAN, _source
 
@@ -120,26 +135,35 @@ def lens_row(words: list[dict], row: int | None, n_rows: int) -> tuple[int, str]
 
 
 def why(model, source, target, sentence: str = DEFAULT_CLEAN, target_text: str | None = None,
-        method: str = DEFAULT_METHOD, contrast: str | None = None, steps: int = DEFAULT_STEPS,
-        row: int | None = None, lens: bool = True) -> dict[str, Any]:
-    """Attribution rows by word (the issue's JSON keys method / contrast / rows) plus what a view needs."""
+        method: str = DEFAULT_METHOD, contrast: str | None = None, steps: int | str = DEFAULT_STEPS,
+        row: int | None = None, lens: bool = True, tolerance: float = DEFAULT_TOLERANCE,
+        rule: str = DEFAULT_RULE) -> dict[str, Any]:
+    """Attribution rows by word (JSON keys method / contrast / integration / rows) plus what a view needs."""
     if method not in METHODS:
         raise UsageError(f"method: expected one of {', '.join(METHODS)}, got {method!r}", "method")
     c = contrast_id(target, contrast)
-    if method == "integrated-gradients":
+    integrating = method == "integrated-gradients"
+    if integrating:
         check_steps(steps)
+        check_tolerance(tolerance)
+        check_rule(rule)
     model.eval()
     s = sentence_rows(model, source, target, sentence, target_text)
     labels, tgt_in = s["labels"], s["tgt_in"]
     n = len(labels)
-    limits.check("rows × integrated-gradients steps", n * (steps if method == "integrated-gradients" else 1),
-                 "MAX_ATTRIBUTION_PASSES", "steps")
+    if integrating:
+        check_passes(n, steps, rule)
+    else:
+        limits.check("rows × passes", n, "MAX_ATTRIBUTION_PASSES", "steps")     # one pass per row
     sp = special_ids(model)
     pieces = [_piece(target, sp, t) for t in labels]
     groups = word_groups(pieces)
     firsts = {g[0] for g in groups}
     contrasts = None if c is None else [c if r in firsts else -1 for r in range(n)]
-    a = attribute(model, s["src"], tgt_in, list(range(n)), labels, method, contrasts, steps)
+    group = [k for k, g in enumerate(groups) for _ in g]                   # the word of each piece row
+    a = attribute(model, s["src"], tgt_in, list(range(n)), labels, method, contrasts, steps, rule=rule,
+                  tolerance=tolerance, group=group)
+    word_error = grouped_errors(a.source, a.prefix, a.value - a.baseline, torch.tensor(group)) if integrating else None
     columns = [[0], *[[p + 1 for p in g] for g in groups]]                 # input positions: <s>, then words
     names = ["<s>", *(_word(target, [pieces[k] for k in g], [labels[k] for k in g]) for g in groups)]
     rows, words = [], []
@@ -154,19 +178,42 @@ def why(model, source, target, sentence: str = DEFAULT_CLEAN, target_text: str |
         total = sum(v for _, v in source_list) + sum(v for _, v in prefix)
         delta = float((a.value[g] - a.baseline[g]).sum()) if a.baseline is not None else None
         rows.append({"position": g[0], "token": token, "source": source_list, "prefix": prefix, "sum": total,
-                     "delta": delta})
-    result: dict[str, Any] = {"method": method, "contrast": contrast.strip() if contrast else None, "rows": rows}
+                     "delta": delta, **_completeness(a, word_error, g)})
+    integration = None
+    if integrating:
+        integration = {"rule": rule, "steps": steps, "tolerance": tolerance,
+                       "unconverged": [r["token"] for r in rows if r["error"] > tolerance]}
+    result: dict[str, Any] = {"method": method, "contrast": contrast.strip() if contrast else None,
+                              "integration": integration, "rows": rows}
     extra = {"units": s["units"], "translation": s["translation"], "mode": s["mode"], "finished": s["finished"],
              "inputs": [_readable(_piece(target, sp, t)) for t in tgt_in[0].tolist()],
              "pieces": [_readable(p) for p in pieces],
-             "steps": steps if method == "integrated-gradients" else None,
-             "baseline": baseline_name(model) if method == "integrated-gradients" else None}
+             "steps": steps if integrating else None, "baseline": baseline_name(model) if integrating else None}
     if lens:
         r, why_row = lens_row(words, row, n)
         reading = logit_lens(model, s["src"], tgt_in, r, labels[r], c)
         extra["lens"] = {**reading, "token": _readable(pieces[r]), "contrast": result["contrast"], "why": why_row,
                          "sees": extra["inputs"][: r + 1]}
     return {**result, "details": extra}
+
+
+def _completeness(a, word_error, g: list[int]) -> dict[str, Any]:
+    """A word row's error, steps (the largest of its pieces: they converge together) and passes (their sum)."""
+    if word_error is None:
+        return {"error": None, "steps": None, "passes": None}
+    return {"error": float(word_error[g[0]]), "steps": int(a.steps[g].max()), "passes": int(a.passes[g].sum())}
+
+
+def unconverged_line(result: dict[str, Any]) -> str | None:
+    """One line naming the rows over the tolerance and their error (None when every row is within it)."""
+    spec = result.get("integration")
+    if not spec or not spec["unconverged"]:
+        return None
+    over = [f"row {r['position']} {r['token']} {100 * r['error']:.2f} % at {r['steps']} steps" for r in result["rows"]
+            if r["error"] > spec["tolerance"]]
+    bound = (f" (auto stops at MAX_IG_AUTO_STEPS {limits.MAX_IG_AUTO_STEPS} or MAX_ATTRIBUTION_PASSES "
+             f"{limits.MAX_ATTRIBUTION_PASSES})" if spec["steps"] == AUTO else "")
+    return f"integrated gradients: not complete within {100 * spec['tolerance']:g} %{bound}: " + "; ".join(over)
 
 
 # ---- text --------------------------------------------------------------------------------------
@@ -176,10 +223,11 @@ def _scores(pairs: list[list]) -> str:
 
 
 def render(result: dict[str, Any]) -> str:
-    """The rows as text: per target word its source scores, its prefix scores, Σ and (IG) Δ."""
-    d = result["details"]
+    """The rows as text: per target word its source scores, its prefix scores, Σ and (IG) Δ, error, steps."""
+    d, spec = result["details"], result["integration"]
     quantity = "log p(word)" + (f" − log p({result['contrast']})" if result["contrast"] else "")
-    how = result["method"] + (f", {d['steps']} steps from the {d['baseline']} baseline" if d["steps"] else "")
+    how = result["method"] + (f", {spec['rule']} rule, steps {spec['steps']} (tolerance {100 * spec['tolerance']:g} %) "
+                              f"from the {d['baseline']} baseline" if spec else "")
     lines = [f"source units: {' ／ '.join(d['units'])}", f"target ({d['mode']}): {d['translation']}",
              f"method: {how}; quantity: {quantity}" if result["method"] != "attention" else
              "method: attention (cross- and self-attention weights, mean over decoder layers and heads)"]
@@ -189,6 +237,12 @@ def render(result: dict[str, Any]) -> str:
         lines += ["", f"row {row['position']} → {row['token']}   Σ {row['sum']:+.4f}{delta}   "
                       f"largest source: {top[0]} {top[1]:+.3f}",
                   f"  source: {_scores(row['source'])}", f"  prefix: {_scores(row['prefix'])}"]
+    if spec:
+        lines += ["", "completeness: error = |Σ − Δ| / |Δ|",
+                  f"{'row':>4}  {'word':<12} {'Σ':>10} {'Δ':>10} {'error':>8} {'steps':>6} {'passes':>7}"]
+        lines += [f"{r['position']:>4}  {r['token']:<12} {r['sum']:>+10.4f} {r['delta']:>+10.4f} "
+                  f"{100 * r['error']:>7.2f}% {r['steps']:>6} {r['passes']:>7}"
+                  + ("  over" if r["error"] > spec["tolerance"] else "") for r in result["rows"]]
     return "\n".join(lines)
 
 
@@ -216,16 +270,34 @@ def add_attribute_arguments(parser) -> None:
     parser.add_argument("--method", choices=METHODS, default=DEFAULT_METHOD,
                         help=f"attribution method (default {DEFAULT_METHOD})")
     parser.add_argument("--contrast", metavar="WORD", help="attribute log p(token) − log p(WORD), e.g. her")
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
-                        help=f"integrated-gradients steps (default {DEFAULT_STEPS}, at most {limits.MAX_IG_STEPS})")
+    parser.add_argument("--steps", type=_steps, default=DEFAULT_STEPS,
+                        help=f"integrated-gradients steps, or {AUTO!r}: doubled until every row is complete within "
+                             f"--tolerance (default {DEFAULT_STEPS}; a number: at most {limits.MAX_IG_STEPS}, "
+                             f"auto: at most {limits.MAX_IG_AUTO_STEPS})")
+    parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
+                        help=f"completeness tolerance |Σ − Δ| / |Δ|, in (0, 1) (default {DEFAULT_TOLERANCE})")
+    parser.add_argument("--rule", choices=RULES, default=DEFAULT_RULE,
+                        help=f"integrated-gradients quadrature rule (default {DEFAULT_RULE})")
     parser.add_argument("--lens", action="store_true", help="print the logit lens of one row instead")
     parser.add_argument("--row", type=int, help="the lens row (default: the row whose newest input is 'gave')")
     add_model_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 
+def _steps(text: str) -> int | str:
+    import argparse
+
+    if text == AUTO:
+        return AUTO
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number or {AUTO!r}, got {text!r}") from None
+
+
 def attribute_command(args) -> int:
     import json
+    import sys
 
     from ..decoding.translator import Translator
     from ..inference.threads import decoding_threads
@@ -236,10 +308,13 @@ def attribute_command(args) -> int:
     torch.set_num_threads(decoding_threads(1))
     translator = Translator.load(model_dir(args), device_name(args.device))
     result = why(translator.model, translator.source, translator.target, args.sentence, args.target, args.method,
-                 args.contrast, args.steps, args.row, lens=args.lens)
+                 args.contrast, args.steps, args.row, lens=args.lens, tolerance=args.tolerance, rule=args.rule)
     if args.lens:
         print(json.dumps(result["details"]["lens"], ensure_ascii=False) if args.json else render_lens(result))
     else:
-        print(json.dumps({k: result[k] for k in ("method", "contrast", "rows")}, ensure_ascii=False)
+        print(json.dumps({k: result[k] for k in ("method", "contrast", "integration", "rows")}, ensure_ascii=False)
               if args.json else render(result))
+        line = unconverged_line(result)
+        if line:
+            print(line, file=sys.stderr)
     return 0

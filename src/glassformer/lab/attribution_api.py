@@ -2,21 +2,24 @@
 
 The body is checked by a pydantic schema (glassformer.validation); the work of one request is bounded
 before it runs: the sentence lengths (MAX_SOURCE_CHARS, MAX_TARGET_CHARS, MAX_SENTENCE_TOKENS, the
-model's max_len), the integrated-gradients steps (MAX_IG_STEPS) and rows × steps (MAX_ATTRIBUTION_PASSES).
+model's max_len), the integrated-gradients steps (an integer up to MAX_IG_STEPS, or "auto": doubled until
+every row is complete within `tolerance`, in (0, 1), up to MAX_IG_AUTO_STEPS) and the passes of all rows
+(MAX_ATTRIBUTION_PASSES; auto stops before it). Rows over the tolerance come back in `integration.unconverged`.
 Bad input is a UsageError, status 400 (413 over a limit), naming the field. Gradients are needed, so the model runs
 under the API's lock with autograd on (no inference_mode); no parameter's .grad is touched.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import Field
 
 from .. import limits
 from ..errors import UsageError
-from ..interpret.attribution import DEFAULT_METHOD, DEFAULT_STEPS
+from ..interpret.attribution import DEFAULT_METHOD, DEFAULT_STEPS, check_steps
+from ..interpret.integrated import DEFAULT_RULE, DEFAULT_TOLERANCE
 from ..interpret.why import why
 from ..lesson import examples
 from ..validation import Schema, Text
@@ -26,6 +29,7 @@ DEFAULT_CONTRAST = "her"
 DIGITS = 6                          # decimals of the scores sent to the page
 
 Method = Literal["saliency", "input-x-gradient", "integrated-gradients", "attention"]
+Rule = Literal["trapezoid", "gauss-legendre"]
 
 
 class AttributeBody(Schema):
@@ -35,7 +39,9 @@ class AttributeBody(Schema):
     target: Text | None = examples.LESSON_TARGET
     method: Method = DEFAULT_METHOD
     contrast: Text | None = DEFAULT_CONTRAST
-    steps: Annotated[int, Field(ge=1)] = DEFAULT_STEPS
+    steps: Any = DEFAULT_STEPS                                 # an integer or "auto": check_steps says which
+    tolerance: Annotated[float, Field(gt=0, lt=1)] = DEFAULT_TOLERANCE
+    rule: Rule = DEFAULT_RULE
     row: Annotated[int, Field(ge=0)] | None = None
 
 
@@ -58,14 +64,14 @@ def attribute_endpoint(api, body) -> dict:
     target = request.target if request.target is not None and request.target.strip() else None
     if target is not None:
         limits.check("target: characters", len(target), "MAX_TARGET_CHARS", "target")
-    limits.check("steps: integrated-gradients steps", request.steps, "MAX_IG_STEPS", "steps")
+    check_steps(request.steps)
     contrast = request.contrast if request.contrast is not None and request.contrast.strip() else None
     if request.method == "attention":
         contrast = None                                     # weights do not depend on the predicted token
     try:
         with api.lock, torch.enable_grad():
             result = why(lab.model, lab.source, lab.target, source, target, request.method, contrast,
-                         request.steps, request.row)
+                         request.steps, request.row, tolerance=request.tolerance, rule=request.rule)
     except UsageError as error:
         field = "source" if error.field == "sentence" else error.field
         raise UsageError(str(error).replace("sentence:", "source:", 1), field, status=error.status) from None

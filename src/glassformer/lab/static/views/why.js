@@ -5,7 +5,8 @@
   const METHODS = ["integrated-gradients", "input-x-gradient", "saliency", "attention"];
   const SVG = "http://www.w3.org/2000/svg";
   const W = (S.why = {
-    source: null, target: null, method: "integrated-gradients", contrast: "her", steps: 128, result: null, runs: 0,
+    source: null, target: null, method: "integrated-gradients", contrast: "her", steps: "auto", tolerance: "0.01",
+    result: null, runs: 0,
   });
 
   async function show() {
@@ -16,12 +17,15 @@
     await run();
   }
 
+  // "64" → 64, "0.01" → 0.01; anything else ("auto", a typo) goes as typed and the server names the field
+  const asNumber = (v) => (/^\s*\d+(\.\d+)?([eE]-?\d+)?\s*$/.test(String(v)) ? Number(v) : String(v).trim());
+
   async function run() {
     render();
     try {
       W.result = await api("POST", "/api/attribute", {
         source: W.source, target: W.target.trim() ? W.target : null, method: W.method,
-        contrast: W.contrast.trim() ? W.contrast.trim() : null, steps: Number(W.steps),
+        contrast: W.contrast.trim() ? W.contrast.trim() : null, steps: asNumber(W.steps), tolerance: asNumber(W.tolerance),
       });
       showError(null);
     } catch (err) { showError(err); return; }
@@ -34,15 +38,14 @@
     const text = (id, key, size) => el("input", { type: "text", id, value: W[key], size, onchange: (e) => { W[key] = e.target.value; } });
     const method = el("select", { id: "why-method", onchange: (e) => { W.method = e.target.value; run(); } },
       METHODS.map((m) => el("option", { value: m, selected: W.method === m }, t("why.method." + m))));
-    const steps = el("input", { type: "number", id: "why-steps", value: String(W.steps), min: "1", max: "256", style: "width:5rem",
-      onchange: (e) => { W.steps = e.target.value; } });
     const fields = [["why.source", text("why-source", "source", "30")], ["why.target", text("why-target", "target", "30")],
-      ["why.method", method], ["why.contrast", text("why-contrast", "contrast", "8")], ["why.steps", steps]];
+      ["why.method", method], ["why.contrast", text("why-contrast", "contrast", "8")], ["why.steps", text("why-steps", "steps", "5")],
+      ["why.tolerance", text("why-tolerance", "tolerance", "5")]];
     return el("div", { class: "controls" },
       fields.map(([key, node]) => el("label", { class: "group" }, el("span", { class: "label" }, t(key)), node)),
       el("button", { type: "button", id: "why-run", onclick: () => {
-        ["source", "target", "contrast"].forEach((k) => { W[k] = document.getElementById("why-" + k).value; });
-        W.steps = document.getElementById("why-steps").value; run();
+        ["source", "target", "contrast", "steps", "tolerance"].forEach((k) => { W[k] = document.getElementById("why-" + k).value; });
+        run();
       } }, t("why.run")));
   }
 
@@ -68,7 +71,16 @@
     if (row && r.method !== "attention") {
       const top = row.source.reduce((a, b) => (Math.abs(b[1]) > Math.abs(a[1]) ? b : a));
       lines.push(el("p", { id: "why-top" }, t("why.top", { i: lens.row, w: row.token, u: top[0], v: fmt(top[1], 3) })));
-      if (row.delta !== null) lines.push(el("p", { class: "note" }, t("why.complete", { s: fmt(row.sum, 4), d: fmt(row.delta, 4), n: r.details.steps })));
+      if (row.delta !== null) {
+        lines.push(el("p", { class: "note", id: "why-complete" }, t("why.complete",
+          { s: fmt(row.sum, 4), d: fmt(row.delta, 4), e: fmt(100 * row.error, 2), n: row.steps })));
+      }
+    }
+    const spec = r.integration;
+    if (spec && spec.unconverged.length) {                 // rows whose scores do not add up to their change of f
+      const over = r.rows.filter((w) => w.error > spec.tolerance)
+        .map((w) => t("why.over.row", { w: w.token, e: fmt(100 * w.error, 2), n: w.steps })).join(", ");
+      lines.push(el("p", { class: "error", id: "why-unconverged" }, t("why.over", { t: fmt(100 * spec.tolerance, 2), rows: over })));
     }
     lines.push(el("p", { id: "why-probs" }, r.contrast
       ? t("why.probs.contrast", { w: lens.token, c: r.contrast, p: fmt(lens.p_model, 4), q: fmt(lens.p_contrast_model, 4) })
@@ -124,7 +136,8 @@
     if (!r) { root.append(el("p", { class: "note" }, t("loading"))); return; }
     root.append(el("p", { class: "badge " + (r.model.trained ? "trained" : "untrained") }, el("strong", {},
       `${t("sentence.model")}: ${r.model.trained ? t("trained") : t("untrained")}`), " — ", r.model.label[S.lang]));
-    root.append(el("p", { class: "note", id: "why-method-note" }, t("why.note." + r.method, { n: r.details.steps })));
+    root.append(el("p", { class: "note", id: "why-method-note" }, t("why.note." + r.method,
+      { n: r.details.steps, rule: r.integration ? t("why.rule." + r.integration.rule) : "" })));
     root.append(el("div", { class: "panel" }, el("h3", {}, t("why.map.heading")), el("p", { class: "note" }, t("why.map.note")),
       el("div", { style: "overflow-x:auto" }, attributionMap(r))));
     root.append(contrastBox(r), lensCurve(r));
