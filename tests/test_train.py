@@ -177,8 +177,12 @@ def test_compiled_training_step_follows_the_eager_losses_and_weights(tmp_path):
     assert sorted(a) == sorted(b) == [1, 2, 3, 4]
     for step in a:
         assert b[step] == pytest.approx(a[step], rel=1e-4), step
-    for (name, x), y in zip(eager.model.state_dict().items(), compiled.model.state_dict().values(), strict=True):
-        assert torch.allclose(x, y, rtol=1e-3, atol=1e-5), name
+    # W^K's bias has no true gradient (softmax ignores a shift shared by every key), so Adam turns the rounding
+    # noise of either run into full-size steps there: every other weight must agree.
+    apart = [name for (name, x), y in zip(eager.model.state_dict().items(), compiled.model.state_dict().values(),
+                                          strict=True)
+             if not name.endswith("w_k.bias") and not torch.allclose(x, y, rtol=1e-3, atol=1e-5)]
+    assert apart == []
 
 
 def test_compile_without_a_cxx_compiler_trains_eagerly_after_one_line(tmp_path, monkeypatch, capsys):
