@@ -246,7 +246,7 @@ def test_patch_json_has_a_heads_by_layers_table(model_dir, capsys, monkeypatch):
     assert 0.0 < run["p_clean"] < 1.0 and 0.0 < run["p_corrupt"] < 1.0
 
 
-@pytest.mark.parametrize("case", ["unknown", "counts", "predict", "too-many", "empty"])
+@pytest.mark.parametrize("case", ["unknown", "counts", "predict", "too-many", "empty", "compare"])
 def test_patch_bad_input_is_one_line_exit_2(model_dir, capsys, monkeypatch, case):
     a, b, c = _known_units(model_dir, 3)
     clean = f"{a}／{b}／{c}"
@@ -256,6 +256,7 @@ def test_patch_bad_input_is_one_line_exit_2(model_dir, capsys, monkeypatch, case
         "predict": ([clean, "--corrupt", f"{a}／{c}／{c}", "--predict", "zebra"], "'zebra' is not a word"),
         "too-many": ([clean, *["--corrupt", clean] * 5], "the limit is 4"),
         "empty": (["  ", "--corrupt", clean], "clean: expected a non-empty"),
+        "compare": ([clean, "--corrupt", f"{a}／{c}／{c}", "--compare"], "--compare: only with --approximate"),
     }[case]
     code, out, err = _run(capsys, monkeypatch, ["patch", *argv, "--model", str(model_dir)])
     assert code == 2 and out == ""
@@ -321,3 +322,16 @@ def test_compiled_translation_prints_the_eager_lines(model_dir, tmp_path, capsys
     code, out, err = _run(capsys, monkeypatch, [*args, "--compile", "on", "--compile-cache", str(tmp_path / "c")])
     assert code == 0 and out == eager
     assert "compiling the decoding step" in err and "compiled in" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_patch_approximate_compare_reports_a_correlation(model_dir, capsys, monkeypatch):
+    a, b, c = _known_units(model_dir, 3)
+    code, out, err = _run(capsys, monkeypatch, ["patch", f"{a}／{b}／{c}", "--corrupt", f"{a}／{c}／{c}",
+                                                "--model", str(model_dir), "--approximate", "--compare", "--json"])
+    assert code == 0, err
+    result = json.loads(out)
+    run = result["runs"][0]
+    assert result["method"] == "attribution"
+    assert run["correlation"] is None or -1.0 - 1e-9 <= run["correlation"] <= 1.0 + 1e-9
+    assert run["nothing"]["fraction"] in (0.0, None)
