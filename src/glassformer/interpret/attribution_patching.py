@@ -23,8 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import UsageError
-from .patch_sites import FLAT, Patched, head_sites, position_layers
+from .patch_sites import FLAT, Patched, scan_sites
 
 
 def _probability(logits: Tensor, row: int, token: int) -> Tensor:
@@ -35,15 +34,7 @@ def approximate_scan(model, clean_src: Tensor, corrupt_src: Tensor, tgt_in: Tens
                      positions: bool = True) -> dict[str, Any]:
     """`patch_scan`'s result, every cell estimated from the clean and corrupted values and the corrupted
     run's gradient of p(token) at `row` (arguments as patch_scan's)."""
-    if positions and clean_src.shape != corrupt_src.shape:
-        raise UsageError(f"positions: the clean sentence has {clean_src.size(1)} units and the corrupted one "
-                         f"{corrupt_src.size(1)}; patching positions needs the same count", "positions")
-    if not 0 <= row < tgt_in.size(1):
-        raise UsageError(f"row {row} is outside the target input of {tgt_in.size(1)} positions")
-    model.eval()
-    heads = head_sites(model)
-    every_head = [name for layer in heads for name in layer]
-    layers = position_layers(model) if positions else []
+    heads, every_head, layers = scan_sites(model, clean_src, corrupt_src, tgt_in, row, positions)
     sites = [*every_head, *layers]
 
     with torch.no_grad(), model.probes(*sites) as rec:                       # the same (math) attention path

@@ -35,7 +35,7 @@ from ..lesson.examples import LESSON_PREDICT as DEFAULT_PREDICT
 from ..lesson.examples import LESSON_SENTENCE as DEFAULT_CLEAN
 from ..lesson.examples import LESSON_TARGET as DEFAULT_TARGET
 from .attribution_patching import approximate_scan, correlation
-from .patch_sites import FLAT, Patched, head_sites, position_layers
+from .patch_sites import FLAT, Patched, scan_sites
 
 MAX_CORRUPT = 4                 # corrupted sentences per request: each costs (heads + positions) forward passes
 MAX_SENTENCE_CHARS = 400        # characters of one sentence (as the lab's Sentence view)
@@ -66,15 +66,7 @@ def patch_scan(model, clean_src: Tensor, corrupt_src: Tensor, tgt_in: Tensor, ro
     p(token) at target row `row`. Returns p_clean, p_corrupt, heads[layer][head], positions[layer][pos]
     (layer 0 of positions is the embedding), and the two checks everything / nothing.
     """
-    if positions and clean_src.shape != corrupt_src.shape:
-        raise UsageError(f"positions: the clean sentence has {clean_src.size(1)} units and the corrupted one "
-                         f"{corrupt_src.size(1)}; patching positions needs the same count", "positions")
-    if not 0 <= row < tgt_in.size(1):
-        raise UsageError(f"row {row} is outside the target input of {tgt_in.size(1)} positions")
-    model.eval()
-    heads = head_sites(model)
-    every_head = [name for layer in heads for name in layer]
-    layers = position_layers(model) if positions else []
+    heads, every_head, layers = scan_sites(model, clean_src, corrupt_src, tgt_in, row, positions)
     # every run records the head outputs, so every run takes the same (math) attention path in the decoder
     watch = every_head
 
