@@ -7,25 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 
+# the same toy pair and seeded model as tests/test_patching.py: 他 → 她 at position 4; row `gave` predicts `him`
+from tests.test_patching import CLEAN, HIM, ROW, SHE, TGT_IN, toy_model
+
 from glassformer.errors import UsageError
 from glassformer.interpret.attribution_patching import approximate_scan, correlation
 from glassformer.interpret.patching import lesson_patching, patch_scan
-from glassformer.model import ModelConfig, Transformer
-
-# the same toy pair as tests/test_patching.py: 他 → 她 at position 4; the row of `gave` predicts `him`
-CLEAN = [4, 5, 6, 7, 8, 9, 10, 11, 12]
-SHE = [4, 5, 6, 7, 13, 9, 10, 11, 12]
-TGT_IN = [1, 4, 5, 6, 7, 8, 9, 10]
-ROW, HIM = 2, 6
 
 
 @pytest.fixture(scope="module")
-def model() -> Transformer:
-    cfg = ModelConfig.tiny(src_vocab=20, tgt_vocab=16, encoder_layers=2, decoder_layers=2)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(3)
-        built = Transformer(cfg)
-    return built.double().eval()
+def model():
+    return toy_model()
 
 
 def _t(ids):

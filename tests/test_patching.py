@@ -18,13 +18,18 @@ TGT_IN = [1, 4, 5, 6, 7, 8, 9, 10]
 ROW, HIM = 2, 6
 
 
-@pytest.fixture(scope="module")
-def model() -> Transformer:
+def toy_model() -> Transformer:
+    """A seeded float64 tiny model over the toy vocabularies (also tests/test_attribution_patching.py's)."""
     cfg = ModelConfig.tiny(src_vocab=20, tgt_vocab=16, encoder_layers=2, decoder_layers=2)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(3)
         built = Transformer(cfg)
     return built.double().eval()
+
+
+@pytest.fixture(scope="module")
+def model() -> Transformer:
+    return toy_model()
 
 
 def _scan(model, corrupt, **kw):
