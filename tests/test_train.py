@@ -186,9 +186,10 @@ def test_compiled_training_step_follows_the_eager_losses_and_weights(tmp_path):
 
 
 def test_compile_without_a_cxx_compiler_trains_eagerly_after_one_line(tmp_path, monkeypatch, capsys):
-    import glassformer.training.runtime as runtime
+    import glassformer.inference.compiler as compiler
 
-    monkeypatch.setattr(runtime.shutil, "which", lambda name: None)
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(compiler.shutil, "which", lambda name: None)
     trainer = Trainer(_args(tmp_path / "run", "--max-steps", "1", "--compile"))
     assert trainer.loss_module.__class__.__name__ == "LossModule"     # not wrapped by torch.compile
     assert trainer.run() == 0

@@ -106,8 +106,9 @@ class Translator:
         return out
 
     def _decoder(self, sentences: int):
-        """What decodes `sentences` sentences: the compiled static step (kept for the next calls while the
-        model is the same object), or `_fast(model)`."""
+        """What decodes `sentences` sentences: the compiled static step (its weights copied at the first call
+        and kept for the next ones while the model is the same object: a model still training decodes with
+        compile off), or `_fast(model)`."""
         model = self.model
         if (self.compile == "off" or self.device.type != "cpu" or not isinstance(model, Transformer)
                 or precision_of(model) != "float32" or unsupported(model)):

@@ -4,7 +4,6 @@ and stopping on Ctrl-C / SIGTERM."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -13,6 +12,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from ..inference.compiler import cxx_compiler, use_compile_cache
 
 
 # ---- distributed ---------------------------------------------------------------------------
@@ -71,15 +72,17 @@ def init_distributed(device: torch.device) -> Dist:
 # ---- the compiled step ---------------------------------------------------------------------
 def compiled_step(module: nn.Module, enabled: bool) -> nn.Module:
     """`module` (the loss: forward and label-smoothed NLL) under torch.compile when `enabled`: inductor turns
-    forward, loss and backward into generated C++ kernels (AOTAutograd traces the backward). Batches come in
-    many shapes (token-count batching), so the sizes are symbolic from the start: one graph, not one per
-    shape. Without a C++ compiler the step runs eagerly, after one line on stderr. The numbers are the
-    eager model's up to float rounding (tests/test_train.py)."""
+    forward, loss and backward into generated C++ kernels (AOTAutograd traces the backward), cached where the
+    decoding step's are (inference/compiler.py). Batches come in many shapes (token-count batching), so the
+    sizes are symbolic from the start: one graph, not one per shape. Without a C++ compiler the step runs
+    eagerly, after one line on stderr. The numbers are the eager model's up to float rounding
+    (tests/test_train.py)."""
     if not enabled:
         return module
-    if not any(shutil.which(c) for c in (os.environ.get("CXX") or "g++", "c++", "clang++")):
+    if cxx_compiler() is None:
         print("glassformer train: --compile: no C++ compiler found (g++); training eagerly", file=sys.stderr)
         return module
+    use_compile_cache()
     return torch.compile(module, dynamic=True)
 
 
