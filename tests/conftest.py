@@ -15,6 +15,23 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _compiled_packages_stay_in_the_session(tmp_path_factory):
+    """Compiled decoding steps go to a folder of this session, not the user's cache; `--compile auto` builds
+    none for a long job (a build costs tens of seconds: the tests that are about compiling ask for it)."""
+    from glassformer.inference import compiler
+
+    saved = os.environ.get(compiler.CACHE_ENV), compiler.AUTO_MIN_SENTENCES
+    os.environ[compiler.CACHE_ENV] = str(tmp_path_factory.mktemp("compiled"))
+    compiler.AUTO_MIN_SENTENCES = 10 ** 9
+    yield
+    compiler.AUTO_MIN_SENTENCES = saved[1]
+    if saved[0] is None:
+        os.environ.pop(compiler.CACHE_ENV, None)
+    else:
+        os.environ[compiler.CACHE_ENV] = saved[0]
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_one_thread():
     """Every test starts from the same seeds and one intra-op thread (code under test may change it)."""

@@ -1,10 +1,12 @@
 """The static decoding step (inference/static.py) against the model's own `decode_step`: logits to 1e-5,
 tokens identical for greedy and beam search (sentences finishing at different steps, buckets shrinking),
-eagerly and compiled; `--compile auto|on|off` and `--compile-cache` in the CLI."""
+eagerly and compiled ahead of time (a package built once, then loaded; a failed build decodes eagerly);
+`--compile auto|on|off` and `--compile-cache`."""
 
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -18,8 +20,9 @@ from glassformer.model.config import ModelConfig
 
 def tiny(**changes) -> Transformer:
     torch.manual_seed(0)
-    cfg = ModelConfig(src_vocab=60, tgt_vocab=50, d_model=32, heads=4, d_ff=64, encoder_layers=2,
-                      decoder_layers=2, max_len=40, dropout=0.0, **changes)
+    sizes = dict(src_vocab=60, tgt_vocab=50, d_model=32, heads=4, d_ff=64, encoder_layers=2, decoder_layers=2,
+                 max_len=40, dropout=0.0)
+    cfg = ModelConfig(**{**sizes, **changes})
     return Transformer(cfg).eval()
 
 
@@ -46,7 +49,7 @@ def test_step_logits_equal_the_models_decode_step(changes):
         tokens = torch.full((src.size(0), 1), model.cfg.bos_id)
         for position in range(6):
             expected = model.decode_step(tokens, memory, pad, cache)[:, -1]  # (batch, vocab)
-            ids = torch.zeros(run.capacity, dtype=torch.long)
+            ids = torch.zeros(run.self_k[0].size(0), dtype=torch.long)
             ids[: src.size(0)] = tokens[:, 0]
             got = w.logits(ids, torch.tensor(position), run.self_k, run.self_v, run.cross_k, run.cross_v,
                            run.source)[: src.size(0)]
@@ -109,9 +112,28 @@ def test_compile_mode_without_a_compiler(monkeypatch):
 
 def test_compile_mode_with_a_compiler(monkeypatch):
     monkeypatch.setattr(compiler, "cxx_compiler", lambda: "/usr/bin/g++")
+    monkeypatch.setattr(compiler, "AUTO_MIN_SENTENCES", 100)              # the tests' session raises it
     assert compiler.compile_mode("auto", compiler.AUTO_MIN_SENTENCES)[0] is False   # a few sentences: eager
     assert compiler.compile_mode("auto", compiler.AUTO_MIN_SENTENCES + 1)[0] is True
+    assert compiler.compile_mode("auto", 1, cached=True)[0] is True         # built before: loading it is cheap
     assert compiler.compile_mode("on", 1)[0] is True
+
+
+def test_a_package_is_named_by_the_weights_the_beam_and_the_sizes(monkeypatch, tmp_path):
+    """Another model, another beam or another size never loads a package built for something else."""
+    from glassformer.inference.static import StepGraph
+
+    monkeypatch.setenv(compiler.CACHE_ENV, str(tmp_path))
+    a, b = tiny(), tiny()
+    with torch.no_grad():
+        b.head.weight[0, 0] += 1e-3
+    path = compiler.package_path
+    names = {path(StepGraph(StaticDecoder(a).weights, Greedy())), path(StepGraph(StaticDecoder(b).weights, Greedy())),
+             path(StepGraph(StaticDecoder(a).weights, BeamSearch(2))),
+             path(StepGraph(StaticDecoder(tiny(d_ff=96)).weights, Greedy()))}
+    assert len(names) == 4 and all(p.parent == tmp_path / compiler.PACKAGES for p in names)
+    same = StepGraph(StaticDecoder(tiny()).weights, Greedy())                # the same weights: the same package
+    assert path(same) == path(StepGraph(StaticDecoder(a).weights, Greedy()))
 
 
 def test_compile_cache_folder(monkeypatch, tmp_path):
@@ -122,17 +144,56 @@ def test_compile_cache_folder(monkeypatch, tmp_path):
     assert (tmp_path / "mine").is_dir()
 
 
+@pytest.fixture(scope="module")
+def package_folder(tmp_path_factory):
+    """One cache folder for this module's packages (each build costs tens of seconds on 2 cores)."""
+    folder = tmp_path_factory.mktemp("packages")
+    saved = os.environ.get(compiler.CACHE_ENV)
+    os.environ[compiler.CACHE_ENV] = str(folder)
+    yield folder
+    if saved is None:
+        os.environ.pop(compiler.CACHE_ENV, None)
+    else:
+        os.environ[compiler.CACHE_ENV] = saved
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(compiler.cxx_compiler() is None, reason="needs a C++ compiler")
-def test_compiled_step_gives_the_eager_tokens():
-    """torch.compile (inductor, frozen weights): one sentence, greedy and beam 2 (two shapes)."""
-    model = tiny()
-    src = sources(batch=1)
-    step = StaticDecoder(model, compiled=True, encoder=prepare(model))
+def test_compiled_step_gives_the_eager_tokens_and_a_second_run_builds_nothing(package_folder):
+    """Ahead-of-time packages (greedy, beam 2): the model's tokens for a batch whose sentences end at different
+    steps and a batch of one; a second decoder of the same model loads them and builds nothing."""
+    model = tiny(head_bias=True)
+    with torch.no_grad():
+        model.head.bias[model.cfg.eos_id] = 2.9                              # sentences end at different steps
+    notes: list[str] = []
+    step = StaticDecoder(model, compiled=True, encoder=prepare(model), notes=notes.append)
     for search in (Greedy(), BeamSearch(2)):
-        _same(generate(step, src, search, max_len=12, n_best=search.beam),
-              generate(model, src, search, max_len=12, n_best=search.beam))
-    assert len(step.compile_seconds) == 2 and all(s > 0 for s in step.compile_seconds.values())
+        for src in (sources(batch=7), sources(batch=1)):
+            _same(generate(step, src, search, max_len=20, n_best=search.beam),
+                  generate(model, src, search, max_len=20, n_best=search.beam))
+    assert sorted(step.compile_seconds) == [1, 2] and sum("building" in n for n in notes) == 2, notes
+    assert not any("failed" in n for n in notes), notes
+    again: list[str] = []
+    second = StaticDecoder(model, compiled=True, notes=again.append)
+    assert second.built(Greedy()) and second.built(BeamSearch(2)) and not second.built(BeamSearch(3))
+    src = sources(batch=5)
+    _same(generate(second, src, BeamSearch(2), max_len=20), generate(model, src, BeamSearch(2), max_len=20))
+    assert again == []                                                       # loaded, not built
+
+
+@pytest.mark.skipif(compiler.cxx_compiler() is None, reason="needs a C++ compiler")
+def test_a_build_that_fails_decodes_eagerly_after_one_note(monkeypatch, package_folder):
+    def broken(*args, **kwargs):
+        raise RuntimeError("the C++ compiler exited with status 1\nmore detail")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", broken)
+    model = tiny(d_ff=80)                                                    # a model no other test built
+    notes: list[str] = []
+    src = sources()
+    out = generate(StaticDecoder(model, compiled=True, notes=notes.append), src, Greedy(), max_len=9)
+    _same(out, generate(model, src, Greedy(), max_len=9))
+    failed = [n for n in notes if "failed" in n]
+    assert len(failed) == 1 and "status 1" in failed[0] and "more detail" not in failed[0]
 
 
 def test_a_source_of_only_pad_decodes_as_in_the_model():
@@ -145,10 +206,10 @@ def test_a_source_of_only_pad_decodes_as_in_the_model():
 
 
 def test_buffers_grow_past_their_first_size():
-    """Outputs longer than the first self-attention buffer (SELF_START positions) decode as the model's."""
+    """Outputs longer than the first self-attention buffer (SELF_STEP positions) decode as the model's."""
     from glassformer.inference import static
 
     model = tiny()
     src = sources(batch=2)
-    limit = min(model.cfg.max_len, static.SELF_START + 5)
+    limit = min(model.cfg.max_len, 2 * static.SELF_STEP + 5)
     _same(generate(StaticDecoder(model), src, Greedy(), max_len=limit), generate(model, src, Greedy(), max_len=limit))

@@ -107,7 +107,8 @@ def test_a_batch_decodes_each_sentence_as_it_decodes_alone(search, alpha):
     for b, (batched, single) in enumerate(zip(together, alone, strict=True)):
         assert batched[0].tokens == single[0].tokens, f"sentence {b}"
         assert batched[0].finished == single[0].finished
-        assert batched[0].score == pytest.approx(single[0].score, rel=1e-6, abs=1e-6), f"sentence {b}"
+        # float32 logits of a batch and of one row round differently (the kernels block by rows): ~1e-6 a token
+        assert batched[0].score == pytest.approx(single[0].score, rel=1e-5, abs=1e-5), f"sentence {b}"
 
 
 def test_greedy_equals_an_independent_argmax_walk_that_stops_at_the_first_eos():

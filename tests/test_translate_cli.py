@@ -310,8 +310,8 @@ def test_compile_cache_that_is_not_a_folder_is_one_line_exit_2(model_dir, tmp_pa
 
 @pytest.mark.slow
 def test_compiled_translation_prints_the_eager_lines(model_dir, tmp_path, capsys, monkeypatch):
-    """--compile on (one shape: batches of one sentence, greedy) gives the lines of --compile off and says
-    on stderr that it compiled, and in how long."""
+    """--compile on gives the lines of --compile off and says on stderr that it builds the step, and in how
+    long; a second run loads the package and says nothing."""
     from glassformer.inference import compiler
 
     if compiler.cxx_compiler() is None:
@@ -321,7 +321,9 @@ def test_compiled_translation_prints_the_eager_lines(model_dir, tmp_path, capsys
     code, eager, _ = _run(capsys, monkeypatch, [*args, "--compile", "off"])
     code, out, err = _run(capsys, monkeypatch, [*args, "--compile", "on", "--compile-cache", str(tmp_path / "c")])
     assert code == 0 and out == eager
-    assert "compiling the decoding step" in err and "compiled in" in err and "Traceback" not in err
+    assert "building the decoding step" in err and "built in" in err and "Traceback" not in err
+    code, again, err = _run(capsys, monkeypatch, [*args, "--compile", "on", "--compile-cache", str(tmp_path / "c")])
+    assert code == 0 and again == eager and err == ""
 
 
 @pytest.mark.slow

@@ -26,11 +26,13 @@ def _add_decoding(parser: argparse.ArgumentParser, beam: int = 1) -> None:
     from ..inference.precision import add_dtype_argument
 
     add_dtype_argument(parser)                                               # --dtype float32|bfloat16|int8
-    parser.add_argument("--compile", choices=("auto", "on", "off"), default="off",
-                        help="compile the float32 decoding step with torch.compile (needs a C++ compiler): "
-                             "auto = on for jobs over 500 sentences when a compiler is found; off = eager "
-                             "(default: a cached start costs more than a short job saves, docs/performance.md); "
-                             "the same tokens")
+    from ..inference.compiler import AUTO_MIN_SENTENCES
+
+    parser.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                        help="run the float32 decoding step compiled ahead of time (needs a C++ compiler; built "
+                             "once per model and beam size, about a minute, then loaded from the cache): auto "
+                             f"(default) = when a compiler is found and the step is built, or for jobs over "
+                             f"{AUTO_MIN_SENTENCES} sentences; off = eager; the same tokens")
     parser.add_argument("--compile-cache", metavar="DIR",
                         help="where compiled decoding steps are kept (default $TORCHINDUCTOR_CACHE_DIR, else "
                              "~/.cache/glassformer/inductor)")

@@ -1,15 +1,16 @@
 """Search: strategies that choose the next tokens, apart from the one loop that runs them.
 
 As in fairseq (search.py beside sequence_generator.py), a strategy sees only numbers — each live
-beam's log-probabilities over the vocabulary and its score so far — and returns ranked candidate
-continuations `(scores, tokens, parents)`. `generate` owns everything else: the output limits, the
-finished hypotheses and when a sentence is done, and the cache rows (beams follow their parents,
-finished sentences leave the batch). `Greedy` is the same loop with one beam and one candidate.
+beam's log-probabilities over the vocabulary and its score so far — and ranks candidate continuations
+`(scores, tokens, parents)`; `Search.advance` then decides, in tensors, which of them finish a hypothesis
+and which K stay live. `generate` owns the loop: the output limits, the finished hypotheses and when a
+sentence is done, and the rows (beams follow their parents, finished sentences leave the batch).
+`Greedy` is the same loop with one beam and one candidate.
 
 The rules:
 - Output limit per sentence: a·source_len + b generated tokens (EOS included), capped by the model's
   max_len; or a given limit, also capped by max_len.
-- A hypothesis' score is the sum of its token log-probabilities; finished hypotheses rank by
+- A hypothesis' score is the sum of its token log-probabilities (float64); finished hypotheses rank by
   score / len^alpha, len counting the generated tokens including EOS.
 - Each step, among the candidates ranked best first: EOS in the top K finishes a hypothesis (at the
   limit any token in the top K does); the best K that do not finish stay live.
@@ -17,13 +18,17 @@ The rules:
   log-probs are <= 0, a live beam with score s at length L reaches at best
   max(s / (L+1)^alpha, s / limit^alpha).
 - Decoding starts from the model's `cfg.bos_id`, ends at `cfg.eos_id`, never produces `cfg.pad_id`.
+
+One step costs the loop one look at the host: `Advance.events`, true when a hypothesis finished or a
+sentence is done. Everything else stays in tensors, so a compiled step (inference/static.py) runs
+`Search.advance` inside its graph, and the eager model runs the same function after `decode_step`.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -40,22 +45,97 @@ def output_limits(src_pad: Tensor, model_max_len: int, a: float = LENGTH_A, b: i
     return torch.clamp((src_len.double() * a).long() + b, max=model_max_len)
 
 
-def sentence_limits(src_pad: Tensor, model_max_len: int, max_len: int | Tensor | None = None) -> list[int]:
-    """Each sentence's output limit: `output_limits`, or `max_len` (one for all, or one per sentence),
-    always capped by the model's max_len."""
+def sentence_limits(src_pad: Tensor, model_max_len: int, max_len: int | Tensor | None = None) -> Tensor:
+    """Each sentence's output limit (batch,) on the CPU: `output_limits`, or `max_len` (one for all, or one
+    per sentence), always capped by the model's max_len."""
     if max_len is None:
-        limits = output_limits(src_pad, model_max_len)
+        limits = output_limits(src_pad, model_max_len).cpu()
     elif isinstance(max_len, int):
         limits = torch.full((src_pad.size(0),), min(max_len, model_max_len), dtype=torch.long)
     else:
         limits = torch.clamp(max_len.long().cpu(), max=model_max_len)
     if len(limits) != src_pad.size(0) or bool((limits < 1).any()):
         raise ValueError(f"max_len: expected limits >= 1, one per sentence, got {limits.tolist()}")
-    return limits.tolist()
+    return limits
 
 
-# ---- strategies ---------------------------------------------------------------------------
-class Greedy:
+def length_normalized(score: float, length: int, alpha: float) -> float:
+    """score / length^alpha; length counts generated tokens including EOS."""
+    return score / (length ** alpha)
+
+
+def best_possible(scores: Tensor, length: Tensor, limits: Tensor, alpha: Tensor) -> Tensor:
+    """The best normalised score live beams (scores (sent, K), `length` tokens so far) can still reach
+    within their sentence's limit (sent, 1): max(s / (L+1)^alpha, s / limit^alpha); -inf stays -inf."""
+    nearest = torch.minimum(length + 1, limits).double()
+    return torch.maximum(scores / nearest ** alpha, scores / limits.double() ** alpha)
+
+
+# ---- one step, in tensors -----------------------------------------------------------------
+class Slots(NamedTuple):
+    """The loop's state, one slot per sentence (K rows each), all tensors: a compiled step takes them as they are.
+
+    A slot whose sentence is done, or a padding slot, has `live` False and every score -inf: its rows
+    still compute (until the batch shrinks) but can never finish or continue anything."""
+
+    tokens: Tensor      # (slots*K,) each row's newest id (BOS at the start)
+    scores: Tensor      # (slots, K) float64: each live beam's summed log-prob, -inf for a dead beam
+    limits: Tensor      # (slots,) most tokens the sentence may generate
+    live: Tensor        # (slots,) bool: the sentence is still decoding
+    worst: Tensor       # (slots,) float64: the n-th best finished hypothesis' normalised score, -inf until n
+    history: Tensor     # (slots*K, longest limit) the ids each row generated so far
+
+
+@dataclass
+class Advance:
+    """What one step decided for every slot (tensors). `rows` and `scores` are the next step's beams."""
+
+    tokens: Tensor      # (slots*K,) the live beams' newest ids
+    rows: Tensor        # (slots*K,) the row of this step each live beam continues
+    scores: Tensor      # (slots, K) their scores (-inf: a dead copy, only filling the slot)
+    history: Tensor     # (slots*K, longest limit) their ids, the newest included
+    candidates: tuple[Tensor, Tensor, Tensor]   # ranked (scores, tokens, parents in [0, K)), each (slots, C)
+    ended: Tensor       # (slots, C) bool: candidates that finish a hypothesis (EOS, or the limit; top K only)
+    bound: Tensor       # (slots,) float64: the best normalised score a live beam can still reach
+    done: Tensor        # (slots,) bool: done whatever this step's finished hypotheses add
+    events: Tensor      # () bool: something ended or is done; the one value the loop reads each step
+
+
+class Search:
+    """What every strategy shares: `advance`, the split of its ranked candidates into finished and live."""
+
+    beam = 1
+
+    def step(self, log_probs: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        raise NotImplementedError
+
+    def advance(self, logits: Tensor, slots: tuple, length: Tensor, alpha: Tensor, pad: int, eos: int) -> tuple:
+        """Next-token logits (slots*K, vocab) of the step that makes `length` (0-dim) tokens, and the `Slots`
+        (or a plain tuple of its fields) -> the fields of an `Advance`, in its order (a tuple: a compiled
+        graph returns it as it is). No host sync."""
+        _, scores, limits, live, worst, history = slots
+        log_probs = log_probabilities(logits, pad).view(*scores.shape, -1)  # (slots, K, vocab) float64
+        best, tokens, parents = self.step(log_probs, scores)                # (slots, C) ranked, best first
+        n, C = best.shape
+        K = scores.size(1)
+        rank = torch.arange(C, device=best.device)                          # (C,)
+        valid = best > -math.inf
+        at_limit = length >= limits                                         # (slots,)
+        ends = (tokens == eos) | at_limit[:, None]                          # (slots, C)
+        ended = ends & valid & (rank < K) & live[:, None]                   # only the top K may finish
+        stays = ~ends & valid
+        order = torch.where(stays, rank, rank + C).topk(K, dim=1, largest=False).indices   # (slots, K) stay, best first
+        kept = stays.gather(1, order)
+        new_scores = torch.where(kept, best.gather(1, order), -math.inf)    # (slots, K)
+        new = tokens.gather(1, order).reshape(-1)                           # (slots*K,)
+        rows = (torch.arange(n, device=best.device)[:, None] * K + parents.gather(1, order)).reshape(-1)
+        history = history.index_select(0, rows).index_copy(1, (length - 1).view(1), new[:, None])
+        bound = best_possible(new_scores, length, limits[:, None], alpha).amax(dim=1)   # (slots,)
+        done = live & (at_limit | ~kept.any(dim=1) | (bound <= worst))
+        return new, rows, new_scores, history, (best, tokens, parents), ended, bound, done, ended.any() | done.any()
+
+
+class Greedy(Search):
     """The most probable next token of each sentence: one beam, one candidate."""
 
     beam = 1
@@ -66,7 +146,7 @@ class Greedy:
         return best, tokens, torch.zeros_like(tokens)
 
 
-class BeamSearch:
+class BeamSearch(Search):
     """K beams per sentence: the 2K best continuations of all K beams, so that K of them can stay live
     even when up to K others end with EOS."""
 
@@ -89,6 +169,13 @@ def strategy(beam: int) -> Greedy | BeamSearch:
     return Greedy() if beam == 1 else BeamSearch(beam)
 
 
+def log_probabilities(logits: Tensor, pad_id: int) -> Tensor:
+    """Next-token log-probabilities in float64, PAD never chosen (its log-prob -inf; the others keep their
+    values)."""
+    log_probs = F.log_softmax(logits.double(), dim=-1)
+    return log_probs.index_fill(-1, torch.tensor([pad_id], device=logits.device), -math.inf)
+
+
 # ---- finished hypotheses ------------------------------------------------------------------
 @dataclass
 class Hypothesis:
@@ -101,169 +188,146 @@ class Hypothesis:
     finished: bool = True
 
 
-def length_normalized(score: float, length: int, alpha: float) -> float:
-    """score / length^alpha; length counts generated tokens including EOS."""
-    return score / (length ** alpha)
-
-
-def _best_possible(score: float, length: int, limit: int, alpha: float) -> float:
-    """Upper bound of the normalised score a live beam (score, length so far) can still reach."""
-    if score == -math.inf:
-        return -math.inf
-    nearest = min(length + 1, limit)
-    return max(length_normalized(score, nearest, alpha), length_normalized(score, limit, alpha))
-
-
 class _Finished:
     """One sentence's n best finished hypotheses, best first (the earlier one first among equals)."""
 
     def __init__(self, n: int) -> None:
         self.n, self.best = n, []
 
-    def add(self, hyp: Hypothesis) -> None:
+    def add(self, hyp: Hypothesis) -> float:
+        """Keep `hyp` if it is among the n best; the n-th best normalised score (-inf while fewer than n)."""
         self.best.append(hyp)
         self.best.sort(key=lambda h: -h.normalized)                          # stable: earlier wins ties
         del self.best[self.n:]
-
-    def beats(self, bound: float) -> bool:
-        """True when n hypotheses are in and no live beam reaching at most `bound` can enter them."""
-        return len(self.best) == self.n and bound <= self.best[-1].normalized
+        return self.best[-1].normalized if len(self.best) == self.n else -math.inf
 
     def result(self) -> list[Hypothesis]:
         return self.best or [Hypothesis([], -math.inf, -math.inf, False)]
 
 
 # ---- the loop -----------------------------------------------------------------------------
-@dataclass
-class _Live:
-    score: float
-    parent: int        # row of the beam it continues
-    token: int
-
-
-class _Beams:
-    """The live beams of the sentences still decoding: K rows per sentence, their ids and scores."""
-
-    def __init__(self, n_sent: int, K: int, limits: list[int], n_best: int, alpha: float, eos: int) -> None:
-        self.K, self.limits, self.alpha, self.eos = K, limits, alpha, eos
-        self.alive = list(range(n_sent))                                     # sentences still decoding
-        self.seqs: list[list[int]] = [[] for _ in range(n_sent * K)]         # ids generated, per row
-        scores = torch.full((n_sent, K), -math.inf, dtype=torch.float64)
-        scores[:, 0] = 0.0                                                   # one live beam at the start
-        self.scores = scores                                                 # (alive, K)
-        self.tokens: list[int] = []                                          # the newest id of each row
-        self.finished = [_Finished(n_best) for _ in range(n_sent)]
-
-    def advance(self, scores: Tensor, tokens: Tensor, parents: Tensor, length: int) -> list[int]:
-        """Take one step's ranked candidates, each (alive, C); return the rows the next step continues
-        (empty when every sentence is done)."""
-        rows: list[_Live] = []
-        still: list[int] = []
-        ranked = zip(scores.tolist(), tokens.tolist(), parents.tolist(), strict=True)
-        for j, (b, (s, t, p)) in enumerate(zip(self.alive, ranked, strict=True)):
-            candidates = [_Live(score, j * self.K + parent, token)        # parent: a row of this step
-                          for score, token, parent in zip(s, t, p, strict=True)]
-            live = self._split(b, candidates, length)
-            if self._done(b, live, length):
-                continue                                                     # sentence b leaves the batch
-            still.append(b)
-            live += [_Live(-math.inf, live[0].parent, live[0].token)] * (self.K - len(live))  # dead copies
-            rows += live
-        self.seqs = [self.seqs[r.parent] + [r.token] for r in rows]
-        self.tokens = [r.token for r in rows]
-        self.scores = torch.tensor([r.score for r in rows], dtype=torch.float64).view(len(still), self.K)
-        self.alive = still
-        return [r.parent for r in rows]
-
-    def _split(self, b: int, candidates: list[_Live], length: int) -> list[_Live]:
-        """Sentence b's candidates, best first: record those that finish (only the top K may), return the
-        best K that stay live."""
-        limit, live = self.limits[b], []
-        for rank, c in enumerate(candidates):
-            if c.score == -math.inf:
-                break
-            if c.token == self.eos or length >= limit:
-                if rank < self.K:
-                    ids = self.seqs[c.parent] + ([] if c.token == self.eos else [c.token])
-                    self.finished[b].add(Hypothesis(ids, c.score, length_normalized(c.score, length, self.alpha),
-                                                    finished=c.token == self.eos))
-            elif len(live) < self.K:
-                live.append(c)
-        return live
-
-    def _done(self, b: int, live: list[_Live], length: int) -> bool:
-        """At the limit, with no live beam, or when no live beam can still beat the finished ones."""
-        limit = self.limits[b]
-        bound = max((_best_possible(c.score, length, limit, self.alpha) for c in live), default=-math.inf)
-        return length >= limit or not live or self.finished[b].beats(bound)
-
-
-def _log_probs(logits: Tensor, pad_id: int) -> Tensor:
-    """Next-token log-probabilities in float64 on the CPU, PAD never chosen (its log-prob -inf; the
-    others keep their values)."""
-    log_probs = F.log_softmax(logits.double(), dim=-1).cpu()
-    log_probs[..., pad_id] = -math.inf
-    return log_probs
-
-
 class _CachedRun:
-    """The model's own incremental decoding as a run: `decode_step` through its KV cache, float64
-    log-probabilities, the strategy's choice. (inference.StaticDecoder gives runs with the same two
-    methods, over one static, compilable step.)"""
+    """The model's own incremental decoding as a run: `decode_step` through its KV cache, then the
+    strategy's `advance`; the cache's rows follow the beams. (inference.StaticDecoder gives runs with the
+    same three methods, over one static, compilable step.)"""
 
-    def __init__(self, model, memory: Tensor, src_pad: Tensor, search: Greedy | BeamSearch) -> None:
+    def __init__(self, model, memory: Tensor, src_pad: Tensor, search: Search) -> None:
         self.model, self.memory, self.src_pad, self.search = model, memory, src_pad, search
         self.cache = model.new_cache()
+        self.pad_id, self.eos = model.cfg.pad_id, model.cfg.eos_id
 
-    def step(self, tokens: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """tokens (rows, 1), scores (sent, K) -> ranked candidates: scores, tokens, parents (sent, C)."""
-        logits = self.model.decode_step(tokens, self.memory, self.src_pad, self.cache)[:, -1]  # (rows, vocab)
-        log_probs = _log_probs(logits, self.model.cfg.pad_id).view(scores.size(0), scores.size(1), -1)
-        return self.search.step(log_probs, scores)
+    def capacity(self, sentences: int) -> int:
+        """Slots for `sentences` live sentences: exactly those (a finished sentence's rows leave at once)."""
+        return sentences
 
-    def keep(self, index: Tensor, same_source: bool) -> None:
-        """Keep rows `index`: beams follow their parents; without same_source, sentences left."""
-        self.cache.reorder(index, same_source=same_source)
-        if not same_source:                                                  # a sentence's beams share a source
-            self.memory, self.src_pad = self.memory[index], self.src_pad[index]
+    def step(self, slots: Slots, length: int, alpha: Tensor) -> tuple:
+        """The step that makes `length` tokens: the fields of an `Advance`."""
+        logits = self.model.decode_step(slots.tokens[:, None], self.memory, self.src_pad, self.cache)[:, -1]
+        at = torch.tensor(length, device=slots.tokens.device)
+        out = self.search.advance(logits, slots, at, alpha, self.pad_id, self.eos)
+        if self.search.beam > 1:
+            self.cache.reorder(out[1], same_source=True)                     # beams follow their parents' rows
+        return out
+
+    def keep(self, rows: Tensor) -> None:
+        """Keep rows `rows` (finished sentences left): the cache, the encoder output and its padding."""
+        self.cache.reorder(rows)
+        self.memory, self.src_pad = self.memory[rows], self.src_pad[rows]
+
+
+def _initial(sentences: int, n_slots: int, K: int, limits: Tensor, bos: int, device) -> Slots:
+    """Slots for `sentences` sentences (their `limits`) padded to `n_slots`: one live beam each (score 0)."""
+    live = torch.arange(n_slots, device=device) < sentences
+    scores = torch.full((n_slots, K), -math.inf, dtype=torch.float64, device=device)
+    scores[:, 0] = torch.where(live, 0.0, -math.inf)
+    padded = torch.ones(n_slots, dtype=torch.long)
+    padded[:sentences] = limits
+    return Slots(tokens=torch.full((n_slots * K,), bos, dtype=torch.long, device=device), scores=scores,
+                 limits=padded.to(device), live=live,
+                 worst=torch.full((n_slots,), -math.inf, dtype=torch.float64, device=device),
+                 history=torch.zeros(n_slots * K, int(limits.max()), dtype=torch.long, device=device))
+
+
+def _finish(advance: Advance, slots: Slots, length: int, sentence: list[int], finished: list[_Finished],
+            eos: int, alpha: float) -> tuple[Tensor, Tensor]:
+    """Record the hypotheses this step finished (host work, only on a step with events); the slots'
+    new `worst` and the sentences now done."""
+    worst = slots.worst
+    ended = advance.ended.nonzero().tolist()                                 # [(slot, rank)], best first per slot
+    if ended:
+        worst = worst.clone()
+        K = slots.scores.size(1)
+        scores, tokens, parents = (t.tolist() for t in advance.candidates)
+        for slot, c in ended:
+            score, token = scores[slot][c], tokens[slot][c]
+            ids = slots.history[slot * K + parents[slot][c], : length - 1].tolist()
+            hyp = Hypothesis(ids + ([] if token == eos else [token]), score,
+                             length_normalized(score, length, alpha), finished=token == eos)
+            worst[slot] = finished[sentence[slot]].add(hyp)
+    return worst, advance.done | (slots.live & (advance.bound <= worst))
+
+
+def _kept(slots: Slots, keep: Tensor, live: Tensor, K: int) -> tuple[Slots, Tensor]:
+    """The slots `keep` (live ones first, then copies of the first as padding, `live` False): the new
+    slots and their rows."""
+    rows = (keep[:, None] * K + torch.arange(K, device=keep.device)).reshape(-1)   # (slots*K,)
+    live = live[keep] & (torch.arange(keep.numel(), device=keep.device) < int(live.sum()))
+    scores = torch.where(live[:, None], slots.scores[keep], -math.inf)
+    return Slots(slots.tokens[rows], scores, slots.limits[keep], live, slots.worst[keep], slots.history[rows]), rows
 
 
 @torch.no_grad()
-def generate(model, src: Tensor, search: Greedy | BeamSearch, src_pad: Tensor | None = None,
+def generate(model, src: Tensor, search: Search, src_pad: Tensor | None = None,
              alpha: float = DEFAULT_ALPHA, max_len: int | Tensor | None = None,
              n_best: int = 1) -> list[list[Hypothesis]]:
     """The n_best hypotheses of each sentence of a batch, best first (n_best <= the beam).
 
     `model` is anything with the decoding API: cfg, encode, and either `start(memory, src_pad, search)`
-    (a run with `step` and `keep`, inference.StaticDecoder) or new_cache and decode_step (the model, its
-    prepared copy: `_CachedRun`). The K beams of a sentence share its source rows: cross-attention's K/V,
-    `memory` and `src_pad` are re-indexed only when a sentence leaves, and nothing is when every row
-    continues itself (greedy until a sentence ends).
+    (a run with `capacity`, `step` and `keep`: inference.StaticDecoder) or new_cache and decode_step (the
+    model, its prepared copy: `_CachedRun`). The rows are slots of K beams; a slot whose sentence is done
+    stays (dead) until the run's capacity for the live sentences is smaller, then the live slots move to
+    the front (the model's own cache: at once; the static step: at its next row bucket).
     """
     K = search.beam
     if not 1 <= n_best <= K:
         raise ValueError(f"n_best must be in [1, beam={K}], got {n_best}")
     cfg = model.cfg
     src_pad = src == cfg.pad_id if src_pad is None else src_pad
-    beams = _Beams(src.size(0), K, sentence_limits(src_pad, cfg.max_len, max_len), n_best, alpha, cfg.eos_id)
-    if not beams.alive:
+    n = src.size(0)
+    limits = sentence_limits(src_pad, cfg.max_len, max_len)                  # (batch,)
+    if n == 0:
         return []
     memory = model.encode(src, src_pad)                                      # (batch, src, d)
-    rows = torch.arange(src.size(0), device=src.device).repeat_interleave(K)  # (batch*K,)
+    rows = torch.arange(n, device=src.device).repeat_interleave(K)           # (batch*K,)
     memory, src_pad = memory[rows], src_pad[rows]                            # (batch*K, src, d)
     start = getattr(model, "start", None)
     run = start(memory, src_pad, search) if start is not None else _CachedRun(model, memory, src_pad, search)
-    tokens = torch.full((src.size(0) * K, 1), cfg.bos_id, dtype=torch.long, device=src.device)
-    for length in itertools.count(1):                                        # tokens generated so far
-        n_rows = len(tokens)
-        index = beams.advance(*run.step(tokens, beams.scores), length)
-        if not index:
+    n_slots = run.capacity(n)
+    slots = _initial(n, n_slots, K, limits, cfg.bos_id, src.device)
+    sentence = list(range(n)) + [-1] * (n_slots - n)                         # slot -> sentence (-1: padding)
+    finished = [_Finished(n_best) for _ in range(n)]
+    alpha_t = torch.tensor(alpha, dtype=torch.float64, device=src.device)
+    length = 0
+    while True:
+        length += 1                                                          # tokens generated after this step
+        advance = Advance(*run.step(slots, length, alpha_t))
+        if not advance.events.item():                                        # nothing ended: the beams go on
+            slots = Slots(advance.tokens, advance.scores, slots.limits, slots.live, slots.worst, advance.history)
+            continue
+        worst, done = _finish(advance, slots, length, sentence, finished, cfg.eos_id, alpha)
+        live = slots.live & ~done
+        slots = Slots(advance.tokens, advance.scores, slots.limits, live, worst, advance.history)
+        alive = int(live.sum())
+        if alive == 0:
             break
-        left = len(index) < n_rows                                           # a sentence left the batch
-        if left or index != list(range(n_rows)):                             # else every row continues itself
-            run.keep(torch.tensor(index, device=src.device), same_source=not left)   # beams follow their parents
-        tokens = torch.tensor(beams.tokens, dtype=torch.long, device=src.device)[:, None]
-    return [f.result() for f in beams.finished]
+        capacity = run.capacity(alive)
+        if capacity < len(sentence):                                         # the live slots move to the front
+            keep = live.nonzero()[:, 0]
+            keep = torch.cat([keep, keep[:1].expand(capacity - alive)])
+            slots, rows = _kept(slots, keep, live, K)
+            run.keep(rows)
+            sentence = [sentence[s] for s in keep.tolist()[:alive]] + [-1] * (capacity - alive)
+    return [f.result() for f in finished]
 
 
 # ---- the common calls ---------------------------------------------------------------------

@@ -11,7 +11,7 @@ from torch.nn.utils.rnn import pad_sequence
 from ..data.tokenize import SourceEncoding, SourceTokenizer, TargetTokenizer
 from ..errors import UsageError
 from ..inference import decoding_threads, prepare, use_threads
-from ..inference.compiler import COMPILE_OPTIONS, compile_mode
+from ..inference.compiler import compile_mode
 from ..inference.precision import precision_of
 from ..inference.static import StaticDecoder, unsupported
 from ..model import Transformer
@@ -29,9 +29,9 @@ class Translator:
     """Chinese text in, English text out: segmentation, length checks, batched decoding, detokenization.
 
     compile: "off" (the prepared copy, eagerly), "on" or "auto" (the compiled static step of
-    inference/static.py for a float32 Transformer on the CPU; auto: for jobs of more than
-    AUTO_MIN_SENTENCES sentences, when a C++ compiler is found, inference/compiler.py). `notes` hears
-    one-line remarks (the CLI: stderr)."""
+    inference/static.py for a float32 Transformer on the CPU; auto: when a C++ compiler is found and the
+    step is already built for this model, or the job has more than AUTO_MIN_SENTENCES sentences,
+    inference/compiler.py). `notes` hears one-line remarks (the CLI: stderr)."""
 
     def __init__(self, model, source: SourceTokenizer, target: TargetTokenizer,
                  device: str | torch.device = "cpu", batch_size: int = 64, compile: str = "off",
@@ -90,8 +90,8 @@ class Translator:
         order = sorted((i for i, s in enumerate(sources) if len(s)), key=lambda i: len(sources[i]))
         if not order:
             return out
-        decoder, search, pad_id = self._decoder(len(order)), strategy(beam), self.model.cfg.pad_id
-        compiled = dict(decoder.compile_seconds) if isinstance(decoder, StaticDecoder) else None
+        search, pad_id = strategy(beam), self.model.cfg.pad_id
+        decoder = self._decoder(len(order), search)
         with use_threads(decoding_threads(min(len(order), self.batch_size) * beam)):
             for start in range(0, len(order), self.batch_size):
                 chunk = order[start: start + self.batch_size]
@@ -101,36 +101,23 @@ class Translator:
                     hyps = generate(decoder, src, search, alpha=alpha, max_len=max_length)
                 for i, h in zip(chunk, hyps, strict=True):
                     out[i] = h[0].tokens
-        if compiled is not None:
-            self._compile_note(decoder, compiled)
         return out
 
-    def _decoder(self, sentences: int):
-        """What decodes `sentences` sentences: the compiled static step (its weights copied at the first call
-        and kept for the next ones while the model is the same object: a model still training decodes with
-        compile off), or `_fast(model)`."""
+    def _decoder(self, sentences: int, search):
+        """What decodes `sentences` sentences with `search`: the compiled static step (its weights copied at
+        its first use and kept while the model is the same object: a model still training decodes with compile
+        off), or `_fast(model)`."""
         model = self.model
         if (self.compile == "off" or self.device.type != "cpu" or not isinstance(model, Transformer)
                 or precision_of(model) != "float32" or unsupported(model)):
             return _fast(model)
-        on, note = compile_mode(self.compile, sentences)
+        if self._static is None or self._static[0] is not model:
+            self._static = (model, StaticDecoder(model, compiled=True, encoder=prepare(model), notes=self._note))
+        static = self._static[1]
+        on, note = compile_mode(self.compile, sentences, cached=static.built(search))
         if note:
             self._note(note)
-        if not on:
-            return _fast(model)
-        if self._static is None or self._static[0] is not model:
-            self._note("--compile: compiling the decoding step (the first run of a model and batch shape "
-                       "takes a while; later runs load it from the cache)")
-            self._static = (model, StaticDecoder(model, compiled=True, options=COMPILE_OPTIONS,
-                                                      encoder=prepare(model), notes=self._note))
-        return self._static[1]
-
-    def _compile_note(self, decoder: StaticDecoder, before: dict) -> None:
-        """One line on what this call compiled, and how long it took."""
-        new = {k: v for k, v in decoder.compile_seconds.items() if k not in before}
-        if new:
-            self._note(f"--compile: {len(new)} decoding step shape{'s' if len(new) > 1 else ''} compiled in "
-                       f"{sum(new.values()):.1f} s")
+        return static if on else _fast(model)
 
     def _note(self, line: str) -> None:
         if self.notes is not None:

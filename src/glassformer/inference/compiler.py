@@ -1,25 +1,43 @@
 """When and how the static decoding step (static.py) is compiled: `--compile auto|on|off`, the C++ compiler
-it needs, the options inductor gets, and the folder its compiled artefacts are cached in.
+it needs, the ahead-of-time build of the step, and the folder its packages are kept in.
 
     mode = compile_mode("auto", sentences=200)     # "on" / "off", with the reason when it is off
     use_compile_cache(None)                        # at an entry point, before the first compilation
+    step = compiled_step(StepGraph(...), example_inputs)
 
-inductor writes C++ and builds it with the system's compiler; the first run of a model and shape pays
-that (tens of seconds on 2 cores), later runs load the built code from the cache folder. The cache
-folder is a per-process setting read from the environment (TORCHINDUCTOR_CACHE_DIR), so it is set once,
-where a program starts, never inside a forward.
+The step is traced once by `torch.export` with every size symbolic (rows, target positions, source
+positions, the output limit), then built by AOTInductor into one package (generated C++ compiled by the
+system's compiler, the weights inside): the model's first run of a beam size pays that build (about a
+minute on 2 cores), later runs load the package from the cache folder in a fraction of a second, and one
+package serves every batch and sentence length. The package's name is a hash of everything its code
+depends on: the weights and sizes, the beam, the source of the step and the search, the torch version
+and the CPU's instruction set, so a changed model or machine builds a new one and never loads a stale one.
+
+This is the one place that calls AOTInductor (`torch._inductor.aoti_compile_and_package` and
+`aoti_load_package`, its documented entry points: https://pytorch.org/docs/stable/torch.compiler_aot_inductor.html).
+Training's `--compile` uses torch.compile and shares the compiler detection and the cache folder.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import json
 import os
+import platform
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import torch
+from torch import nn
+
 COMPILE_MODES = ("auto", "on", "off")
-AUTO_MIN_SENTENCES = 500       # auto: compile only for jobs long enough to win back a cached start (seconds)
-COMPILE_OPTIONS = {"cpp_wrapper": True}   # the graph's calls from C++, not Python: 1.07x (docs/performance.md)
+AUTO_MIN_SENTENCES = 100       # auto: build a package only for jobs long enough to win its build back
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+PACKAGES = "packages"          # below the cache folder: one .pt2 per model and beam size
+MAX_SLOTS = 1 << 14            # sentence slots a package accepts (rows: times the beam)
 
 
 def cxx_compiler() -> str | None:
@@ -32,10 +50,11 @@ def cxx_compiler() -> str | None:
     return None
 
 
-def compile_mode(requested: str, sentences: int) -> tuple[bool, str | None]:
+def compile_mode(requested: str, sentences: int, cached: bool = False) -> tuple[bool, str | None]:
     """Whether to compile the decoding step, and a one-line note when `on` was asked for but cannot be.
 
-    auto: on when a C++ compiler is found and the job has more than AUTO_MIN_SENTENCES sentences."""
+    auto: on when a C++ compiler is found and the package is already built (`cached`) or the job has more
+    than AUTO_MIN_SENTENCES sentences."""
     if requested not in COMPILE_MODES:
         raise ValueError(f"compile mode must be one of {COMPILE_MODES}, got {requested!r}")
     if requested == "off":
@@ -43,7 +62,7 @@ def compile_mode(requested: str, sentences: int) -> tuple[bool, str | None]:
     if cxx_compiler() is None:
         note = "--compile on: no C++ compiler found (g++, clang++ or $CXX); decoding eagerly"
         return False, note if requested == "on" else None
-    return requested == "on" or sentences > AUTO_MIN_SENTENCES, None
+    return requested == "on" or cached or sentences > AUTO_MIN_SENTENCES, None
 
 
 def default_cache_dir() -> Path:
@@ -64,3 +83,68 @@ def use_compile_cache(folder: str | os.PathLike | None = None) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     os.environ[CACHE_ENV] = str(path)
     return path
+
+
+def package_path(step: nn.Module) -> Path:
+    """Where the package of `step` (static.StepGraph) is kept: <cache folder>/packages/step-<hash>.pt2."""
+    folder = Path(os.environ.get(CACHE_ENV) or default_cache_dir()) / PACKAGES
+    return folder / f"step-{_fingerprint(step)}.pt2"
+
+
+def _fingerprint(step: nn.Module) -> str:
+    """A hash of what the compiled code depends on (see the module docstring)."""
+    h = hashlib.sha256()
+    sources = {inspect.getsourcefile(type(step)), inspect.getsourcefile(type(step.search)), __file__}
+    facts = {"torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(),
+             "machine": platform.machine(), "beam": step.search.beam, "search": type(step.search).__name__,
+             "config": repr(step.weights.cfg)}
+    h.update(json.dumps(facts, sort_keys=True).encode())
+    for name in sorted(sources):
+        h.update(Path(name).read_bytes())
+    for name, t in step.state_dict().items():
+        h.update(name.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:24]
+
+
+def dynamic_shapes(example: tuple, beam: int, max_len: int) -> tuple:
+    """torch.export's symbolic sizes for a step's inputs (static.StepGraph.forward): sentence slots, rows
+    (slots × beam), self-attention positions, source positions, the history's width (the longest limit)."""
+    Dim = torch.export.Dim
+    slots_dim = Dim("slots", min=1, max=MAX_SLOTS)
+    rows = slots_dim if beam == 1 else beam * slots_dim
+    positions, source, limit = (Dim(n, min=1, max=max_len) for n in ("positions", "source", "limit"))
+    *_, self_k, self_v, cross_k, cross_v, _source = example
+    slots = ({0: rows}, {0: slots_dim}, {0: slots_dim}, {0: slots_dim}, {0: slots_dim}, {0: rows, 1: limit})
+    return (*slots, None, None, [{0: rows, 2: positions}] * len(self_k), [{0: rows, 2: positions}] * len(self_v),
+            [{0: rows, 2: source}] * len(cross_k), [{0: rows, 2: source}] * len(cross_v), {0: rows, 3: source})
+
+
+def compiled_step(step: nn.Module, example: tuple, notes: Callable[[str], None] | None = None) -> Callable:
+    """`step` (static.StepGraph) as a compiled package, built now from `example` inputs or loaded from the
+    cache folder; should building or loading fail (no working C++ toolchain), `step` itself and one note."""
+    path = package_path(step)
+    try:
+        if not path.exists():
+            _note(notes, f"--compile: building the decoding step for beam {step.search.beam} (once per model "
+                         f"and beam size; later runs load it from {path.parent})")
+            began = time.perf_counter()
+            with torch.no_grad():
+                program = torch.export.export(step, example, dynamic_shapes=dynamic_shapes(
+                    example, step.search.beam, step.weights.cfg.max_len))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.pt2")
+            torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
+            os.replace(partial, path)                                       # whole or absent, never half-written
+            _note(notes, f"--compile: built in {time.perf_counter() - began:.1f} s")
+        return torch._inductor.aoti_load_package(str(path))
+    except Exception as error:                                              # compiler missing or failing
+        first = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
+        _note(notes, f"compiling the decoding step failed ({type(error).__name__}: {first}); decoding eagerly")
+        return step
+
+
+def _note(notes: Callable[[str], None] | None, line: str) -> None:
+    if notes is not None:
+        notes(line)

@@ -1,29 +1,25 @@
-"""The static decoding step: one decoder step in preallocated buffers, written so torch.compile makes it one graph.
+"""The static decoding step: one decoder step in preallocated buffers, written so one compiled graph runs it.
 
     step = StaticDecoder(model, compiled=True)          # the model's weights; the model is untouched
     hyps = generate(step, src, BeamSearch(4))            # decoding/search.py runs it like the model
 
 What the model's `decode_step` does with tensors that grow, this step does in buffers sized ahead:
 
-- self-attention K/V: one (rows, heads, positions, d) buffer per layer (SELF_START positions, doubled
-  when full), this step's row written with `index_copy_` at `pos`, a 0-dim tensor (no Python int that
-  changes per step, so nothing recompiles per step); the query reads the whole buffer through the mask
-  `arange(positions) <= pos`;
-- cross-attention K = H W^K, V = H W^V: projected once per batch, the source padded to a multiple of
-  SOURCE_STEP positions (masked like PAD);
+- self-attention K/V: one (rows, heads, positions, d) buffer per layer (SELF_STEP positions more whenever
+  it is full), this step's row written with `index_copy_` at `pos`, a 0-dim tensor; the query reads the
+  whole buffer through the mask `arange(positions) <= pos`;
+- cross-attention K = H W^K, V = H W^V: projected once per batch;
 - rows: the live sentences padded up to a bucket of SENTENCE_BUCKETS (times the beam); when sentences
   leave, the rows that stay move to the front, into a smaller bucket when they fit one;
-- the next token is chosen inside the step: float64 log-softmax, PAD never chosen, and the search
-  strategy's own `step` (greedy max, or the top 2K of score + log-prob for beams).
+- the next token is chosen inside the step: the search's own `advance` (float64 log-softmax, PAD never
+  chosen, the ranked candidates, which finish and which stay live, which sentences are done), and with
+  beams the self-attention rows then follow their parents.
 
 The step is plain torch ops over a copy of the model's weights ([W^Q|W^K|W^V] fused, wide W stored as
-W^T) with attention written out (one query row: q k^T, mask, softmax, v). It runs as is (eager) or under
-`torch.compile(fullgraph=True)`: the first shape compiles a static graph, the next one a graph with the
-changing sizes symbolic (torch.compile's automatic dynamic shapes), which then serves every bucket,
-source length and buffer size (one row stays its own graph). Greedy and beams have their own `forward`,
-so each has torch.compile's per-function graph budget to itself. Compiled code is cached on disk by
-inductor (compiler.py). Tests hold the logits equal to the model's `decode_step` to 1e-5 and the tokens
-identical (tests/test_compiled.py).
+W^T) with attention written out (one query row: q k^T, mask, softmax, v). It runs as is (eager) or as a
+package compiled ahead of time with every size symbolic (compiler.py), so one package per model and
+beam size serves every bucket, source length and buffer size. Tests hold the logits equal to the model's
+`decode_step` to 1e-5 and the tokens identical (tests/test_compiled.py).
 """
 
 from __future__ import annotations
@@ -37,10 +33,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..model.transformer import Transformer
+from .compiler import compiled_step, package_path
 
 SENTENCE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)   # live sentences per step, padded up to one of these
-SOURCE_STEP = 16                               # source positions, padded up to a multiple of this
-SELF_START = 32                                # self-attention positions allocated first (doubled when full)
+SELF_STEP = 16                                 # self-attention positions allocated at a time
 STATIC_MAX_LEN = 512                           # longer max_len: decoded by the prepared copy
 
 
@@ -204,42 +200,46 @@ class DecoderStep(nn.Module):
         return weights @ v                                                   # (rows, heads, 1, d_v)
 
 
-class Choose(nn.Module):
-    """A step and the choice of the next tokens: what one compiled graph runs."""
+class StepGraph(nn.Module):
+    """One decoding step and the search's choice: what one compiled graph runs.
+
+    The logits of every row, then `search.advance` (decoding/search.py: the ranked candidates, which
+    finish, which K stay live, the sentences done); with beams, the self-attention buffers are then
+    gathered anew in the order of the beams' parents, so the next step reads each beam's own past. (Gathered
+    into new buffers: copying the gathered rows back into a buffer this step also wrote gave wrong rows once
+    compiled ahead of time.)"""
 
     def __init__(self, weights: DecoderStep, search) -> None:
         super().__init__()
-        self.weights, self.search, self.pad_id = weights, search, weights.cfg.pad_id
+        self.weights, self.search = weights, search
+        self.pad_id, self.eos_id = weights.cfg.pad_id, weights.cfg.eos_id
 
-    def choose(self, tokens: Tensor, pos: Tensor, scores: Tensor, self_k: list[Tensor], self_v: list[Tensor],
-               cross_k: list[Tensor], cross_v: list[Tensor], source: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """tokens (sent*K,), scores (sent, K) float64 -> ranked candidates: scores, tokens, parents (sent, C)."""
+    def forward(self, tokens: Tensor, scores: Tensor, limits: Tensor, live: Tensor, worst: Tensor, history: Tensor,
+                pos: Tensor, alpha: Tensor, self_k: list[Tensor], self_v: list[Tensor], cross_k: list[Tensor],
+                cross_v: list[Tensor], source: Tensor) -> tuple:
+        """The fields of decoding/search.py's `Slots`, `pos` (0-dim) the position of `tokens` -> the fields of
+        an `Advance`, and the self-attention buffers the next step reads (this step's K/V rows written at
+        `pos`; with beams, new buffers whose rows follow the beams)."""
         logits = self.weights.logits(tokens, pos, self_k, self_v, cross_k, cross_v, source)   # (rows, vocab)
-        log_probs = F.log_softmax(logits.double(), dim=-1)                  # float64, as the eager loop's
-        log_probs = log_probs.index_fill(-1, torch.tensor([self.pad_id], device=tokens.device), float("-inf"))
-        return self.search.step(log_probs.view(scores.size(0), scores.size(1), -1), scores)
-
-
-class ChooseGreedy(Choose):
-    def forward(self, *args: Tensor | list[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-        return self.choose(*args)
-
-
-class ChooseBeams(Choose):
-    def forward(self, *args: Tensor | list[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-        return self.choose(*args)
+        slots = (tokens, scores, limits, live, worst, history)
+        out = self.search.advance(logits, slots, pos + 1, alpha, self.pad_id, self.eos_id)
+        if self.search.beam == 1:
+            return out, self_k, self_v
+        rows = out[1]                                                        # (rows,) each beam's parent row
+        return (out, [t.index_select(0, rows) for t in self_k],             # (rows, heads, positions, d)
+                [t.index_select(0, rows) for t in self_v])
 
 
 class StaticDecoder:
     """The decoding API `generate` runs (cfg, encode, start): the model's encoder, then the static step.
 
-    compiled: run the step under torch.compile with inductor `options`; else the same step eagerly. The
-    weights stay graph inputs (no freezing), so a compiled graph serves every model of the same sizes.
-    `compile_seconds` keeps each shape's first call (its compilation, or 0 s when a graph served it);
-    `notes` hears why compiling failed (the step then runs eagerly)."""
+    compiled: the step of each strategy (one per beam size) runs as an ahead-of-time compiled package,
+    built on its first use and kept on disk (compiler.py: torch.export, then AOTInductor), else eagerly;
+    either way the same numbers to float rounding. `compile_seconds` keeps what each package cost to build
+    or load; `notes` hears why compiling failed (that step then runs eagerly)."""
 
-    def __init__(self, model: Transformer, compiled: bool = False, *, options: dict | None = None,
-                 encoder=None, notes: Callable[[str], None] | None = None) -> None:
+    def __init__(self, model: Transformer, compiled: bool = False, *, encoder=None,
+                 notes: Callable[[str], None] | None = None) -> None:
         reason = unsupported(model)
         if reason:
             raise ValueError(f"the static decoding step cannot run this model: {reason}")
@@ -247,10 +247,9 @@ class StaticDecoder:
         self._encoder = encoder if encoder is not None else model
         with torch.no_grad():
             self.weights = DecoderStep(model).eval()
-        self.compiled, self.options = compiled, dict(options or {})
-        self.notes = notes
-        self._steps: dict[tuple, Callable] = {}
-        self.compile_seconds: dict[tuple, float] = {}                        # shape -> first call, seconds
+        self.compiled, self.notes = compiled, notes
+        self._steps: dict[int, Callable] = {}
+        self.compile_seconds: dict[int, float] = {}                          # beam -> seconds to build or load
 
     def encode(self, src: Tensor, src_pad: Tensor) -> Tensor:
         return self._encoder.encode(src, src_pad)
@@ -259,46 +258,37 @@ class StaticDecoder:
         """A run over `memory` (sent*K, src, d) whose rows are the K beams of each sentence."""
         return StaticRun(self, memory, src_pad, search)
 
-    def step_for(self, search, rows: int) -> Callable:
-        """The step for this strategy and row count: compiled on its first call when `compiled`."""
-        key = (type(search).__name__, search.beam, rows)
-        step = self._steps.get(key)
+    def built(self, search) -> bool:
+        """Whether the compiled package of this strategy is already in the cache folder (compiler.py)."""
+        return search.beam in self._steps or package_path(StepGraph(self.weights, search)).exists()
+
+    def step_for(self, search, inputs: tuple) -> Callable:
+        """The step of this strategy; compiled on its first call (`inputs` show the kinds of its inputs)."""
+        step = self._steps.get(search.beam)
         if step is None:
-            step = (ChooseGreedy if search.beam == 1 else ChooseBeams)(self.weights, search)
-            if self.compiled:                                                # timed on its first call
-                step = _FirstCall(step, key, self)
-            self._steps[key] = step
+            step = StepGraph(self.weights, search)
+            if self.compiled:
+                began = time.perf_counter()
+                step = compiled_step(step, _example(inputs, search.beam), self.notes)
+                self.compile_seconds[search.beam] = time.perf_counter() - began
+            self._steps[search.beam] = step
         return step
 
-    def _note(self, line: str) -> None:
-        if self.notes is not None:
-            self.notes(line)
 
-
-class _FirstCall:
-    """A shape's step under torch.compile: the first call compiles (timed); should that fail (no working
-    C++ toolchain), the shape runs eagerly from then on."""
-
-    def __init__(self, step: Choose, key: tuple, owner: StaticDecoder) -> None:
-        self.key, self.owner, self.eager = key, owner, step
-        self.fn: Callable = torch.compile(step, fullgraph=True, options=owner.options)
-        self.first = True
-
-    def __call__(self, *args):
-        if not self.first:
-            return self.fn(*args)
-        self.first = False
-        began = time.perf_counter()
-        try:
-            out = self.fn(*args)
-        except Exception as error:                                           # compiler missing or failing
-            self.fn = self.eager
-            self.owner._note(f"compiling the decoding step failed ({type(error).__name__}: "
-                             f"{str(error).strip().splitlines()[0][:160] if str(error).strip() else ''}); "
-                             "decoding eagerly")
-            return self.eager(*args)
-        self.owner.compile_seconds[self.key] = time.perf_counter() - began
-        return out
+def _example(inputs: tuple, K: int) -> tuple:
+    """Inputs like `inputs` (a step's, in StepGraph.forward's order) with 2 slots and 3 positions of the
+    target, the source and the history: sizes above 1, so that tracing keeps every size symbolic."""
+    def sized(t: Tensor, **dims: int) -> Tensor:
+        shape = list(t.shape)
+        for dim, size in dims.items():
+            shape[int(dim[1:])] = size
+        return t.new_zeros(shape)
+    tokens, scores, limits, live, worst, history, pos, alpha, self_k, self_v, cross_k, cross_v, source = inputs
+    rows, slot = {"d0": 2 * K}, {"d0": 2}
+    slots = (sized(tokens, **rows), sized(scores, **slot), sized(limits, **slot) + 3, sized(live, **slot),
+             sized(worst, **slot), sized(history, **rows, d1=3))
+    buffers = [[sized(t, **rows, d2=3) for t in ts] for ts in (self_k, self_v, cross_k, cross_v)]
+    return (*slots, pos, alpha, *buffers, sized(source, **rows, d3=3))
 
 
 class StaticRun:
@@ -307,69 +297,55 @@ class StaticRun:
     def __init__(self, decoder: StaticDecoder, memory: Tensor, src_pad: Tensor, search) -> None:
         self.decoder, self.search, self.K = decoder, search, search.beam
         cfg, w = decoder.cfg, decoder.weights
-        rows, s = src_pad.shape
-        self.src = -(-s // SOURCE_STEP) * SOURCE_STEP                        # padded source length
+        rows = src_pad.size(0)
         self.length = 0                                                      # target positions written
-        self.rows = rows                                                     # live rows (sent * K)
-        self.capacity = bucket(rows // self.K) * self.K                      # rows the buffers hold
-        index = self._padded(torch.arange(rows, device=memory.device))
-        memory = F.pad(memory, (0, 0, 0, self.src - s))[index]              # (capacity, src, d)
-        pad = F.pad(src_pad, (0, self.src - s), value=True)[index]           # (capacity, src) True = PAD
+        index = _padded(torch.arange(rows, device=memory.device), self.capacity(rows // self.K) * self.K)
+        memory, pad = memory[index], src_pad[index]                          # (slots*K, src, d), (slots*K, src)
         with torch.no_grad():
             self.cross_k, self.cross_v = w.cross_kv(memory)
-        empty = pad.all(dim=1)                                               # (capacity,) a source of only PAD:
+        empty = pad.all(dim=1)                                               # (rows,) a source of only PAD:
         if bool(empty.any()):                                                # it reads every key of zero values,
             pad = pad & ~empty[:, None]                                      # a zero output, as the model's
             self.cross_v = [v.masked_fill(empty[:, None, None, None], 0.0) for v in self.cross_v]
-        self.source = (~pad)[:, None, None, :]                               # (capacity, 1, 1, src) may attend
-        shape = (self.capacity, cfg.heads, min(SELF_START, cfg.max_len))
-        self.self_k = [memory.new_zeros(*shape, cfg.d_k) for _ in w.layers]  # (capacity, heads, positions, d_k)
+        self.source = (~pad)[:, None, None, :]                               # (rows, 1, 1, src) may attend
+        shape = (index.numel(), cfg.heads, min(SELF_STEP, cfg.max_len))
+        self.self_k = [memory.new_zeros(*shape, cfg.d_k) for _ in w.layers]  # (rows, heads, positions, d_k)
         self.self_v = [memory.new_zeros(*shape, cfg.d_v) for _ in w.layers]
 
-    def _padded(self, index: Tensor) -> Tensor:
-        """`index` (rows,) extended to the buffers' capacity by repeating its first row (a real source)."""
-        extra = self.capacity - index.numel()
-        return index if extra == 0 else torch.cat([index, index[:1].expand(extra)])
+    def capacity(self, sentences: int) -> int:
+        """Slots for `sentences` live sentences: the smallest bucket that holds them."""
+        return bucket(sentences)
 
-    def step(self, tokens: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """tokens (rows, 1), scores (sent, K) -> the strategy's ranked candidates for the live sentences."""
-        if self.decoder.cfg.max_len > self.length >= self.self_k[0].size(2):   # buffers full: double them
-            n, size = self.length, min(2 * self.self_k[0].size(2), self.decoder.cfg.max_len)
-            self.self_k = [_grown(t, size, n) for t in self.self_k]
-            self.self_v = [_grown(t, size, n) for t in self.self_v]
-        if self.length >= self.decoder.cfg.max_len:
-            raise ValueError(f"sequence length {self.length + 1} exceeds max_len {self.decoder.cfg.max_len}")
-        sent = scores.size(0)
-        ids = tokens.new_zeros(self.capacity)                                # padding rows feed id 0
-        ids[: self.rows] = tokens[:, 0]
-        all_scores = scores.new_full((self.capacity // self.K, self.K), float("-inf"))
-        all_scores[:sent] = scores
-        pos = torch.tensor(self.length, device=tokens.device)               # 0-dim: no recompilation per step
-        step = self.decoder.step_for(self.search, self.capacity)
+    def step(self, slots: tuple, length: int, alpha: Tensor) -> tuple:
+        """The step that makes `length` tokens: the fields of an `Advance` (decoding/search.py)."""
+        cfg, pos = self.decoder.cfg, length - 1
+        if pos >= cfg.max_len:
+            raise ValueError(f"sequence length {length} exceeds max_len {cfg.max_len}")
+        if pos >= self.self_k[0].size(2):                                    # buffers full: SELF_STEP more
+            size = min(self.self_k[0].size(2) + SELF_STEP, cfg.max_len)
+            self.self_k = [_grown(t, size, pos) for t in self.self_k]
+            self.self_v = [_grown(t, size, pos) for t in self.self_v]
+        inputs = (*slots, torch.tensor(pos), alpha, self.self_k, self.self_v, self.cross_k, self.cross_v, self.source)
+        step = self.decoder.step_for(self.search, inputs)
         with torch.no_grad():
-            best, chosen, parents = step(ids, pos, all_scores, self.self_k, self.self_v,
-                                         self.cross_k, self.cross_v, self.source)
-        self.length += 1
-        return best[:sent], chosen[:sent], parents[:sent]
+            out, self.self_k, self.self_v = step(*inputs)
+        self.length = length
+        return out
 
-    def keep(self, index: Tensor, same_source: bool) -> None:
-        """Keep rows `index` (beams follow their parents, finished sentences leave); a smaller bucket when
-        the live sentences fit one."""
-        n, capacity = self.length, bucket(index.numel() // self.K) * self.K
-        if capacity != self.capacity:
-            self.capacity = capacity
-            full = self._padded(index)
-            self.self_k = [_rows(t, full, n) for t in self.self_k]
-            self.self_v = [_rows(t, full, n) for t in self.self_v]
-        else:
-            full = self._padded(index)
-            for t in (*self.self_k, *self.self_v):
-                t[:, :, :n] = t[:, :, :n].index_select(0, full)              # index_select copies first
-        if not same_source:
-            self.cross_k = [t.index_select(0, full) for t in self.cross_k]
-            self.cross_v = [t.index_select(0, full) for t in self.cross_v]
-            self.source = self.source.index_select(0, full)
-        self.rows = index.numel()
+    def keep(self, rows: Tensor) -> None:
+        """Keep rows `rows`: the live sentences' slots first, padded to a smaller bucket."""
+        n = self.length
+        self.self_k = [_rows(t, rows, n) for t in self.self_k]
+        self.self_v = [_rows(t, rows, n) for t in self.self_v]
+        self.cross_k = [t.index_select(0, rows) for t in self.cross_k]
+        self.cross_v = [t.index_select(0, rows) for t in self.cross_v]
+        self.source = self.source.index_select(0, rows)
+
+
+def _padded(index: Tensor, size: int) -> Tensor:
+    """`index` (rows,) extended to `size` rows by repeating its first row (a real source)."""
+    extra = size - index.numel()
+    return index if extra == 0 else torch.cat([index, index[:1].expand(extra)])
 
 
 def _grown(t: Tensor, size: int, n: int) -> Tensor:
