@@ -273,7 +273,9 @@ def test_attribute_json_is_the_documented_shape(tmp_path, capsys, lab):
                  "--model", str(tmp_path), "--method", "saliency", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) == {"method", "contrast", "integration", "rows"} and doc["contrast"] is None
-    assert set(doc["rows"][0]) == {"position", "token", "source", "prefix", "sum", "delta", "error", "steps", "passes"}
+    assert set(doc["rows"][0]) == {"position", "token", "source", "prefix", "sum", "delta", "error", "steps", "passes",
+                                   "source_share"}
+    assert all(0 <= r["source_share"] <= 1 for r in doc["rows"])
     assert doc["rows"][0]["delta"] is None and all(v >= 0 for _, v in doc["rows"][2]["source"])
     assert doc["integration"] is None and doc["rows"][0]["error"] is None
     assert main(["attribute", "我／昨天／给／了／他／一／本／书／。", "--target", "I gave him a book yesterday.",

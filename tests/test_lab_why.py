@@ -26,9 +26,9 @@ def api() -> LabAPI:
 
 @pytest.mark.browser
 @pytest.mark.slow
-@pytest.mark.parametrize("locale, heading, sub", [("zh-CN", "为什么是 him", "交叉注意力"),
-                                                  ("en-US", "Why him", "cross-attn")])
-def test_why_view_draws_the_map_the_contrast_and_the_lens(browser, lab_server, api, locale, heading, sub):
+@pytest.mark.parametrize("locale, heading, sub, share", [("zh-CN", "为什么是 him", "交叉注意力", "源语言份额"),
+                                                         ("en-US", "Why him", "cross-attn", "source share")])
+def test_why_view_draws_the_map_the_contrast_and_the_lens(browser, lab_server, api, locale, heading, sub, share):
     p = Page(browser, locale)
     try:
         p.page.goto(lab_server.url + "#why")
@@ -64,13 +64,28 @@ def test_why_view_draws_the_map_the_contrast_and_the_lens(browser, lab_server, a
         scores = [float(v) for v in page.locator('[data-probe="why.map"] td.num').all_inner_texts()]
         assert scores and min(scores) >= 0
         assert p.outside == [] and p.errors == []
+        # alti: every row's source share as a bar, the numbers the API gives (the contrast is dropped)
+        page.select_option("#why-method", "alti")
+        p.wait_count("whyRuns", 3)
+        p.shot(f"why-alti-{locale[:2]}")
+        assert share in page.inner_text('[data-probe="why.map"] thead')
+        alti = api.attribute({"method": "alti"})
+        bars = page.locator('[data-probe="why.map"] tbody td.share')
+        assert bars.count() == len(WORDS)
+        for k, row in enumerate(alti["rows"]):
+            cell = bars.nth(k)
+            assert float(cell.get_attribute("data-share")) == pytest.approx(row["source_share"], abs=1e-6)
+            assert cell.inner_text().strip() == f"{row['source_share']:.2f}"
+            width = cell.locator(".share-bar").evaluate("e => e.style.width")
+            assert float(width.rstrip("%")) == pytest.approx(100 * row["source_share"], abs=0.06)
+        assert p.errors == []
         # too few steps for a tight tolerance: the rows over it are named in a warning
         page.select_option("#why-method", "integrated-gradients")
-        p.wait_count("whyRuns", 3)
+        p.wait_count("whyRuns", 4)
         page.fill("#why-steps", "2")
         page.fill("#why-tolerance", "0.0001")
         page.click("#why-run")
-        p.wait_count("whyRuns", 4)
+        p.wait_count("whyRuns", 5)
         forced = api.attribute({"steps": 2, "tolerance": 0.0001})
         over = [r for r in forced["rows"] if r["error"] > 0.0001]
         warning = page.inner_text("#why-unconverged")
@@ -119,6 +134,43 @@ def test_the_default_request_is_the_lesson_sentence_him_vs_her(api):
         assert 16 <= row["steps"] <= 1024 and row["passes"] >= row["steps"] + 1
 
 
+def test_alti_answers_rows_with_their_source_share(api):
+    out = api.attribute({"method": "alti"})                                 # the default contrast is dropped
+    assert out["method"] == "alti" and out["contrast"] is None and out["integration"] is None
+    assert [r["token"] for r in out["rows"]] == WORDS
+    for row in out["rows"]:
+        source = sum(v for _, v in row["source"])
+        assert 0 < row["source_share"] < 1 and row["source_share"] == pytest.approx(source, abs=1e-5)
+        assert row["sum"] == pytest.approx(1, abs=1e-5) and row["delta"] is None
+        assert all(v >= 0 for _, v in row["source"] + row["prefix"])
+    assert [t for t, _ in out["rows"][2]["prefix"]] == ["<s>", "I", "gave"]
+    assert all(r["source_share"] is None for r in api.attribute({"method": "attention"})["rows"])
+    shares = [r["source_share"] for r in api.attribute({"method": "saliency"})["rows"]]
+    assert all(0 < v < 1 for v in shares)
+
+
+def test_post_api_attribute_alti_over_http(lab_server):
+    """The server itself: method alti answers 200 with each row's source share; a bad method is a 400 JSON answer."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    def post(body):
+        req = urllib.request.Request(lab_server.url + "api/attribute", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    status, out = post({"method": "alti"})
+    assert status == 200 and out["method"] == "alti"
+    assert all(0 <= r["source_share"] <= 1 and abs(r["sum"] - 1) < 1e-5 for r in out["rows"])
+    status, out = post({"method": "alti+"})
+    assert status == 400 and out["field"] == "method" and "alti" in out["error"]
+
+
 def test_a_fixed_count_reports_the_rows_over_the_tolerance(api):
     out = api.attribute({"steps": 2, "rule": "gauss-legendre", "tolerance": 0.001})
     over = [r["token"] for r in out["rows"] if r["error"] > 0.001]
@@ -138,6 +190,8 @@ def test_a_fixed_count_reports_the_rows_over_the_tolerance(api):
     ({"contrast": "zebra"}, 400, "contrast", "not one token"),
     ({"row": 99}, 400, "row", "outside the target rows"),
     ({"method": "shap"}, 400, "method", "expected"),
+    ({"method": "ALTI"}, 400, "method", "'alti'"),
+    ({"method": ["alti"]}, 400, "method", "expected"),
     ({"source": "我／龘"}, 400, "source", "unknown unit"),
     ({"source": "我" * 401}, 413, "source", "MAX_SOURCE_CHARS"),
     ({"target": "a " * 500}, 413, "target", "MAX_TARGET_CHARS"),

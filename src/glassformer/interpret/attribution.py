@@ -19,7 +19,13 @@ and every method gives one score per source unit and per target input 0..t (BOS,
   by more than 100 % at 256 steps). Models without a sinusoidal table (learned, RoPE, relative, no
   positions) use the PAD token's embedding at every position instead (`baseline_name` says which);
 - attention: the cross-attention weights (source) and masked self-attention weights (prefix) of the row,
-  averaged over every decoder layer and head; they do not depend on the predicted token (no contrast).
+  averaged over every decoder layer and head; they do not depend on the predicted token (no contrast);
+- alti: ALTI+ token contributions (alti.py): every attention block with its residual and LayerNorm split
+  token by token, each token's share c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁) normalised, composed over the
+  layers; non-negative, summing to 1 per row, independent of the predicted token (no contrast).
+
+The source share of a row (`source_share`): alti Σ source (the rest is the prefix's); gradient methods
+Σ|source| / (Σ|source| + Σ|prefix|); attention none (its cross and self weights each sum to 1 on their own).
 
 e is the value at the hook points `encoder.embedding` / `decoder.embedding` (token × √d + position). The
 integrated-gradients batch holds rows × nodes copies of the sentence, one backward pass per chunk: every
@@ -39,10 +45,10 @@ from torch import Tensor
 from .. import limits
 from ..errors import UsageError
 from ..model import sinusoidal_positions
-from . import integrated
+from . import alti, integrated
 from .integrated import DEFAULT_RULE, DEFAULT_TOLERANCE, Path, node_scores, objective, run
 
-METHODS = ("saliency", "input-x-gradient", "integrated-gradients", "attention")
+METHODS = ("saliency", "input-x-gradient", "integrated-gradients", "attention", "alti")
 GRADIENT_METHODS = METHODS[:3]
 DEFAULT_METHOD = "integrated-gradients"
 AUTO = "auto"                   # steps: doubled until every row is complete within the tolerance
@@ -130,8 +136,7 @@ def gradient_attribution(model, src: Tensor, tgt_in: Tensor, rows: list[int], to
     """
     if method not in GRADIENT_METHODS:
         raise UsageError(f"method: expected one of {', '.join(GRADIENT_METHODS)}, got {method!r}", "method")
-    if any(not 0 <= r < tgt_in.size(1) for r in rows):
-        raise UsageError(f"row: outside the target input of {tgt_in.size(1)} positions", "row")
+    _check_rows(rows, tgt_in)
     integrated.check_rule(rule)
     integrated.check_tolerance(tolerance)
     model.eval()
@@ -192,6 +197,49 @@ def attention_attribution(model, src: Tensor, tgt_in: Tensor, rows: list[int],
     return Attribution(cross.double().mean(0)[r], self_.double().mean(0)[r], value, None)
 
 
+def alti_attribution(model, src: Tensor, tgt_in: Tensor, rows: list[int],
+                     src_pad: Tensor | None = None) -> Attribution:
+    """ALTI+ contributions of each row: source (rows, src) and prefix (rows, tgt), together summing to 1."""
+    _check_rows(rows, tgt_in)
+    m = alti.alti_contributions(model, src, tgt_in, src_pad)               # (tgt, src + tgt)
+    r = torch.tensor(rows, dtype=torch.long)
+    value = torch.full((len(rows),), float("nan"), dtype=torch.float64)
+    return Attribution(m[r, : src.size(1)], m[r, src.size(1):], value, None)
+
+
+def _check_rows(rows: list[int], tgt_in: Tensor) -> None:
+    if any(not 0 <= r < tgt_in.size(1) for r in rows):
+        raise UsageError(f"row: outside the target input of {tgt_in.size(1)} positions", "row")
+
+
+def source_share(source: Tensor, prefix: Tensor, method: str) -> float | None:
+    """The share of one row's scores that comes from the source: source (src,), prefix (tgt,).
+
+    alti: Σ source (the row sums to 1); gradient methods: Σ|source| / (Σ|source| + Σ|prefix|), None when every
+    score is 0; attention: None (cross and self weights each sum to 1 on their own)."""
+    if method == "alti":
+        return min(1.0, max(0.0, float(source.sum())))
+    if method == "attention":
+        return None
+    s, p = float(source.abs().sum()), float(prefix.abs().sum())
+    return s / (s + p) if s + p > 0 else None
+
+
+def source_shares(model, src: Tensor, tgt_in: Tensor, labels: list[int], method: str = "alti") -> list[float]:
+    """The source share of every target row 0 … len(labels) − 1 of one sentence (pieces, not words).
+
+    src (1, src) and tgt_in (1, tgt) ids, labels[r] the token row r predicts. alti: one recording pass for all
+    rows; a gradient method: its attribution of every row (integrated gradients at its default auto steps)."""
+    if method == "attention":
+        raise UsageError("method: attention has no source share (its cross and self weights each sum to 1); "
+                         "use alti or a gradient method", "method")
+    if method not in METHODS:
+        raise UsageError(f"method: expected one of {', '.join(METHODS)}, got {method!r}", "method")
+    rows = list(range(len(labels)))
+    a = attribute(model, src, tgt_in, rows, list(labels), method)
+    return [source_share(a.source[r], a.prefix[r], method) for r in rows]
+
+
 def attribute(model, src: Tensor, tgt_in: Tensor, rows: list[int], tokens: list[int], method: str = DEFAULT_METHOD,
               contrast: list[int] | None = None, steps: int | str = DEFAULT_STEPS, src_pad: Tensor | None = None,
               rule: str = DEFAULT_RULE, tolerance: float = DEFAULT_TOLERANCE,
@@ -202,5 +250,10 @@ def attribute(model, src: Tensor, tgt_in: Tensor, rows: list[int], tokens: list[
             raise UsageError("contrast: the attention method reads weights, which do not depend on the predicted "
                              "token; use a gradient method for a contrast", "contrast")
         return attention_attribution(model, src, tgt_in, rows, src_pad)
+    if method == "alti":
+        if contrast is not None:
+            raise UsageError("contrast: alti splits each row's vector among its inputs, whatever token it predicts; "
+                             "use a gradient method for a contrast", "contrast")
+        return alti_attribution(model, src, tgt_in, rows, src_pad)
     return gradient_attribution(model, src, tgt_in, rows, tokens, method, contrast, steps, src_pad, rule, tolerance,
                                 group)

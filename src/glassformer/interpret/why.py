@@ -4,7 +4,9 @@
 [--rule R] [--lens [--row R]]`.
 The target rows are teacher-forced with --target, else the model's greedy output is fed back. Sub-word
 pieces of one target word are merged into the word by summing: a word's row is the sum of its pieces'
-rows (log p(word) = Σ log p(piece)), a prefix column the sum of its pieces' columns. With a contrast
+rows (log p(word) = Σ log p(piece)), a prefix column the sum of its pieces' columns (alti: a word's row is the
+mean of its pieces' rows, so it still sums to 1). Every row carries its `source_share` (attribution.source_share:
+alti Σ source, gradient methods Σ|source| / (Σ|source| + Σ|prefix|), attention null). With a contrast
 word c the first piece of each word competes with c: f = log p(word) − log p(c at the word's first row).
 Integrated gradients: each word row carries its completeness error (its pieces' sums against their deltas),
 its steps and passes; `--steps auto` (the default) doubles the steps until every word is within the tolerance,
@@ -31,6 +33,7 @@ from .attribution import (
     baseline_name,
     check_passes,
     check_steps,
+    source_share,
     special_ids,
 )
 from .integrated import DEFAULT_RULE, DEFAULT_TOLERANCE, RULES, check_rule, check_tolerance, grouped_errors
@@ -170,15 +173,17 @@ def why(model, source, target, sentence: str = DEFAULT_CLEAN, target_text: str |
     for g in groups:
         token = _word(target, [pieces[k] for k in g], [labels[k] for k in g])
         words.append({"token": token, "last": g[-1]})
-        src_scores = a.source[g].sum(0)                                     # (src,)
-        pre = a.prefix[g].sum(0)                                            # (tgt,)
+        merge = torch.mean if method == "alti" else torch.sum               # alti rows stay summing to 1
+        src_scores = merge(a.source[g], 0)                                  # (src,)
+        pre = merge(a.prefix[g], 0)                                         # (tgt,)
         prefix = [[name, float(pre[[p for p in col if p < tgt_in.size(1)]].sum())]
                   for name, col in zip(names, columns, strict=True) if col[0] <= g[-1]]
         source_list = [[u, float(v)] for u, v in zip(s["units"], src_scores.tolist(), strict=True)]
         total = sum(v for _, v in source_list) + sum(v for _, v in prefix)
         delta = float((a.value[g] - a.baseline[g]).sum()) if a.baseline is not None else None
         rows.append({"position": g[0], "token": token, "source": source_list, "prefix": prefix, "sum": total,
-                     "delta": delta, **_completeness(a, word_error, g)})
+                     "delta": delta, **_completeness(a, word_error, g),
+                     "source_share": source_share(src_scores, pre, method)})
     integration = None
     if integrating:
         integration = {"rule": rule, "steps": steps, "tolerance": tolerance,
@@ -228,13 +233,17 @@ def render(result: dict[str, Any]) -> str:
     quantity = "log p(word)" + (f" − log p({result['contrast']})" if result["contrast"] else "")
     how = result["method"] + (f", {spec['rule']} rule, steps {spec['steps']} (tolerance {100 * spec['tolerance']:g} %) "
                               f"from the {d['baseline']} baseline" if spec else "")
+    described = {
+        "attention": "method: attention (cross- and self-attention weights, mean over decoder layers and heads)",
+        "alti": "method: alti (ALTI+ contributions of the source units and the target prefix; each row sums to 1, "
+                "whatever token it predicts)"}
     lines = [f"source units: {' ／ '.join(d['units'])}", f"target ({d['mode']}): {d['translation']}",
-             f"method: {how}; quantity: {quantity}" if result["method"] != "attention" else
-             "method: attention (cross- and self-attention weights, mean over decoder layers and heads)"]
+             described.get(result["method"], f"method: {how}; quantity: {quantity}")]
     for row in result["rows"]:
         top = max(row["source"], key=lambda pair: abs(pair[1]))
         delta = f"   Δ {row['delta']:+.4f}" if row["delta"] is not None else ""
-        lines += ["", f"row {row['position']} → {row['token']}   Σ {row['sum']:+.4f}{delta}   "
+        share = f"   source share {row['source_share']:.3f}" if row["source_share"] is not None else ""
+        lines += ["", f"row {row['position']} → {row['token']}   Σ {row['sum']:+.4f}{delta}{share}   "
                       f"largest source: {top[0]} {top[1]:+.3f}",
                   f"  source: {_scores(row['source'])}", f"  prefix: {_scores(row['prefix'])}"]
     if spec:

@@ -5,8 +5,10 @@ before it runs: the sentence lengths (MAX_SOURCE_CHARS, MAX_TARGET_CHARS, MAX_SE
 model's max_len), the integrated-gradients steps (an integer up to MAX_IG_STEPS, or "auto": doubled until
 every row is complete within `tolerance`, in (0, 1), up to MAX_IG_AUTO_STEPS) and the passes of all rows
 (MAX_ATTRIBUTION_PASSES; auto stops before it). Rows over the tolerance come back in `integration.unconverged`.
-Bad input is a UsageError, status 400 (413 over a limit), naming the field. Gradients are needed, so the model runs
-under the API's lock with autograd on (no inference_mode); no parameter's .grad is touched.
+The method is one of interpret.attribution.METHODS; attention and alti do not depend on the predicted token, so
+the contrast is dropped for them. Every row carries its `source_share`. Bad input is a UsageError, status 400
+(413 over a limit), naming the field. Gradients are needed, so the model runs under the API's lock with autograd
+on (no inference_mode); no parameter's .grad is touched.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pydantic import Field
 
 from .. import limits
 from ..errors import UsageError
-from ..interpret.attribution import DEFAULT_METHOD, DEFAULT_STEPS, check_steps
+from ..interpret.attribution import DEFAULT_METHOD, DEFAULT_STEPS, METHODS, check_steps
 from ..interpret.integrated import DEFAULT_RULE, DEFAULT_TOLERANCE
 from ..interpret.why import why
 from ..lesson import examples
@@ -28,7 +30,7 @@ from .bodies import DEFAULT_SOURCE, checked_body, finite_json, lesson_text
 DEFAULT_CONTRAST = "her"
 DIGITS = 6                          # decimals of the scores sent to the page
 
-Method = Literal["saliency", "input-x-gradient", "integrated-gradients", "attention"]
+Method = Literal[METHODS]                                        # the methods interpret/attribution.py offers
 Rule = Literal["trapezoid", "gauss-legendre"]
 
 
@@ -66,8 +68,8 @@ def attribute_endpoint(api, body) -> dict:
         limits.check("target: characters", len(target), "MAX_TARGET_CHARS", "target")
     check_steps(request.steps)
     contrast = request.contrast if request.contrast is not None and request.contrast.strip() else None
-    if request.method == "attention":
-        contrast = None                                     # weights do not depend on the predicted token
+    if request.method in ("attention", "alti"):
+        contrast = None                                     # neither depends on the predicted token
     try:
         with api.lock, torch.enable_grad():
             result = why(lab.model, lab.source, lab.target, source, target, request.method, contrast,

@@ -1,8 +1,9 @@
-// glassformer lab, view 6 "why" (#why): attribution map target × (source | target prefix), the contrast box, the logit lens.
+// glassformer lab, view 6 "why" (#why): attribution map target × (source | target prefix) with each row's source share,
+// the contrast box, the logit lens.
 "use strict";
 (function () {
   const { S, EMBED, t, el, api, info, fmt, heat, showError, register } = window.LAB;
-  const METHODS = ["integrated-gradients", "input-x-gradient", "saliency", "attention"];
+  const METHODS = ["integrated-gradients", "input-x-gradient", "saliency", "attention", "alti"];
   const SVG = "http://www.w3.org/2000/svg";
   const W = (S.why = {
     source: null, target: null, method: "integrated-gradients", contrast: "her", steps: "auto", tolerance: "0.01",
@@ -54,20 +55,35 @@
     const prefixNames = r.rows.reduce((a, row) => (row.prefix.length > a.length ? row.prefix.map((p) => p[0]) : a), []);
     let maxAbs = 0;
     r.rows.forEach((row) => [...row.source, ...row.prefix].forEach(([, v]) => { maxAbs = Math.max(maxAbs, Math.abs(v)); }));
-    const positive = r.method === "saliency" || r.method === "attention";
+    const positive = r.method === "saliency" || r.method === "attention" || r.method === "alti";
     const cell = (v) => el("td", { class: "num", style: heat(v, maxAbs, positive), title: String(v) }, fmt(v, 2));
     return el("table", { class: "heat compact", data: { probe: "why.map" } },
       el("thead", {}, el("tr", {}, el("th", {}), r.details.units.map((u) => el("th", { class: "src", text: u })),
-        el("th", { class: "gap" }, "│"), prefixNames.map((p) => el("th", { class: "pre", text: p })))),
+        el("th", { class: "gap" }, "│"), prefixNames.map((p) => el("th", { class: "pre", text: p })),
+        el("th", { class: "gap" }, "│"), el("th", { class: "share", title: t("why.share.note") }, t("why.share")))),
       el("tbody", {}, r.rows.map((row) => el("tr", { data: { token: row.token, position: String(row.position) } },
         el("th", { text: row.token }), row.source.map(([, v]) => cell(v)), el("td", { class: "gap" }, "│"),
-        prefixNames.map((_, k) => (k < row.prefix.length ? cell(row.prefix[k][1]) : el("td", { class: "masked" })))))));
+        prefixNames.map((_, k) => (k < row.prefix.length ? cell(row.prefix[k][1]) : el("td", { class: "masked" }))),
+        el("td", { class: "gap" }, "│"), shareBar(row.source_share)))));
+  }
+
+  // the row's source share: a bar of the cell's width (source on the left, the target prefix the rest); null: none
+  function shareBar(share) {
+    if (share === null || share === undefined) return el("td", { class: "share none", title: t("why.share.none") }, "—");
+    const pct = Math.round(1000 * share) / 10;
+    return el("td", { class: "share", data: { share: String(share) }, title: t("why.share.row", { p: fmt(100 * share, 1) }) },
+      el("span", { style: "display:inline-block;width:5rem;height:0.7rem;background:#e4e7eb;border-radius:0.2rem;"
+        + "vertical-align:middle;margin-right:0.3rem;overflow:hidden" },
+        el("span", { class: "share-bar", style: `display:block;height:100%;width:${pct}%;background:#d6452e` })),
+      fmt(share, 2));
   }
 
   function contrastBox(r) {
     const lens = r.details.lens;
     const row = r.rows.find((w) => w.position === lens.row) || null;
-    const lines = [el("p", {}, r.contrast ? t("why.quantity.contrast", { w: lens.token, c: r.contrast }) : t("why.quantity.plain"))];
+    const quantity = r.method === "alti" ? t("why.quantity.alti")
+      : r.contrast ? t("why.quantity.contrast", { w: lens.token, c: r.contrast }) : t("why.quantity.plain");
+    const lines = [el("p", {}, quantity)];
     if (row && r.method !== "attention") {
       const top = row.source.reduce((a, b) => (Math.abs(b[1]) > Math.abs(a[1]) ? b : a));
       lines.push(el("p", { id: "why-top" }, t("why.top", { i: lens.row, w: row.token, u: top[0], v: fmt(top[1], 3) })));
