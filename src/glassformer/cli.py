@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("glassformer.interpret.explain", "the lesson's walk in numbers for one sentence"),
     "patch": ("glassformer.interpret.patching", "activation patching: which heads and positions carry 他 to `him`"),
     "attribute": ("glassformer.interpret.why", "why him: attribution to source and target prefix, the logit lens"),
+    "align": ("glassformer.interpret.align", "word alignments source unit ↔ target word; AER against gold links"),
     "lab": ("glassformer.lab.commands", "the browser lab: follow one token through the Transformer"),
     "import": ("glassformer.interop.importer", "a Hugging Face Marian folder (OPUS-MT) as a run folder"),
     "export": ("glassformer.interop.export", "a run folder as a transformers or CTranslate2 model folder"),

@@ -37,6 +37,9 @@ MAX_IG_STEPS = 256                   # integrated-gradients steps (Gauss–Legen
 MAX_ATTRIBUTION_PASSES = 8192        # sentence copies one request runs forward and backward (rows × steps)
 MAX_IG_AUTO_STEPS = 1024             # steps `--steps auto` may double a row to (within MAX_ATTRIBUTION_PASSES)
 
+# ---- word alignment (`align --gold`) ----------------------------------------------------------
+MAX_ALIGN_PAIRS = 1000               # gold pairs one `align --gold` run aligns (every method, every pair)
+
 # ---- model folders (config.json, model.safetensors, vocab.json) ------------------------------
 MAX_D_MODEL = 4096
 MAX_LAYERS = 48                      # encoder or decoder layers
