@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 LENGTH_A, LENGTH_B = 2.0, 10      # output limit: a * source_len + b tokens
@@ -102,11 +101,16 @@ class Advance:
 
 
 class Search:
-    """What every strategy shares: `advance`, the split of its ranked candidates into finished and live."""
+    """What every strategy shares: `advance`, the split of its ranked candidates into finished and live.
+
+    A strategy ranks continuations of each beam from its `per_row` most probable tokens only: the best
+    continuations of all K beams together are always among them (a beam's own order is the order of its
+    logits), so no (rows, vocab) table of scores is made."""
 
     beam = 1
+    per_row = 1           # candidate tokens taken from each beam's row
 
-    def step(self, log_probs: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def step(self, log_probs: Tensor, tokens: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         raise NotImplementedError
 
     def advance(self, logits: Tensor, slots: tuple, length: Tensor, alpha: Tensor, pad: int, eos: int) -> tuple:
@@ -114,9 +118,9 @@ class Search:
         (or a plain tuple of its fields) -> the fields of an `Advance`, in its order (a tuple: a compiled
         graph returns it as it is). No host sync."""
         _, scores, limits, live, worst, history = slots
-        log_probs = log_probabilities(logits, pad).view(*scores.shape, -1)  # (slots, K, vocab) float64
-        best, tokens, parents = self.step(log_probs, scores)                # (slots, C) ranked, best first
-        n, C = best.shape
+        log_probs, tokens = top_log_probabilities(logits, pad, self.per_row)  # (slots*K, c) float64, ids
+        best, tokens, parents = self.step(log_probs.view(*scores.shape, -1), tokens.view(*scores.shape, -1), scores)
+        n, C = best.shape                                                   # (slots, C) ranked, best first
         K = scores.size(1)
         rank = torch.arange(C, device=best.device)                          # (C,)
         valid = best > -math.inf
@@ -124,7 +128,10 @@ class Search:
         ends = (tokens == eos) | at_limit[:, None]                          # (slots, C)
         ended = ends & valid & (rank < K) & live[:, None]                   # only the top K may finish
         stays = ~ends & valid
-        order = torch.where(stays, rank, rank + C).topk(K, dim=1, largest=False).indices   # (slots, K) stay, best first
+        if C == 1:                                                          # greedy: the one candidate
+            order = torch.zeros_like(tokens)
+        else:                                                               # (slots, K): those that stay, best first
+            order = torch.where(stays, rank, rank + C).topk(K, dim=1, largest=False).indices
         kept = stays.gather(1, order)
         new_scores = torch.where(kept, best.gather(1, order), -math.inf)    # (slots, K)
         new = tokens.gather(1, order).reshape(-1)                           # (slots*K,)
@@ -139,11 +146,12 @@ class Greedy(Search):
     """The most probable next token of each sentence: one beam, one candidate."""
 
     beam = 1
+    per_row = 1
 
-    def step(self, log_probs: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """log_probs (sent, 1, vocab), scores (sent, 1) -> scores, tokens, parents, each (sent, 1)."""
-        best, tokens = (scores[:, :, None] + log_probs).max(dim=-1)          # (sent, 1)
-        return best, tokens, torch.zeros_like(tokens)
+    def step(self, log_probs: Tensor, tokens: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """log_probs, tokens (sent, 1, 1): each row's best; scores (sent, 1) -> scores, tokens, parents, each
+        (sent, 1)."""
+        return scores + log_probs[:, :, 0], tokens[:, :, 0], torch.zeros_like(tokens[:, :, 0])
 
 
 class BeamSearch(Search):
@@ -153,15 +161,15 @@ class BeamSearch(Search):
     def __init__(self, beam: int) -> None:
         if beam < 1:
             raise ValueError(f"beam must be >= 1, got {beam}")
-        self.beam = beam
+        self.beam, self.per_row = beam, 2 * beam
 
-    def step(self, log_probs: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """log_probs (sent, K, vocab), scores (sent, K) -> scores, tokens, parents (beam index in [0, K)),
-        each (sent, 2K), best first."""
-        n, K, V = log_probs.shape
-        flat = (scores[:, :, None] + log_probs).view(n, K * V)               # (sent, K*vocab)
-        best, index = flat.topk(min(2 * K, K * V), dim=-1)                   # (sent, 2K)
-        return best, index % V, index // V
+    def step(self, log_probs: Tensor, tokens: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """log_probs, tokens (sent, K, c): each beam's c best; scores (sent, K) -> scores, tokens, parents
+        (beam index in [0, K)), each (sent, 2K), best first."""
+        n, K, c = log_probs.shape
+        flat = (scores[:, :, None] + log_probs).view(n, K * c)               # (sent, K*c)
+        best, index = flat.topk(min(2 * K, K * c), dim=-1)                   # (sent, 2K)
+        return best, tokens.view(n, K * c).gather(1, index), index // c
 
 
 def strategy(beam: int) -> Greedy | BeamSearch:
@@ -169,11 +177,21 @@ def strategy(beam: int) -> Greedy | BeamSearch:
     return Greedy() if beam == 1 else BeamSearch(beam)
 
 
-def log_probabilities(logits: Tensor, pad_id: int) -> Tensor:
-    """Next-token log-probabilities in float64, PAD never chosen (its log-prob -inf; the others keep their
-    values)."""
-    log_probs = F.log_softmax(logits.double(), dim=-1)
-    return log_probs.index_fill(-1, torch.tensor([pad_id], device=logits.device), -math.inf)
+def top_log_probabilities(logits: Tensor, pad_id: int, n: int) -> tuple[Tensor, Tensor]:
+    """The n most probable next tokens of each row (PAD never among them) and their log-probabilities in
+    float64: logit - logsumexp(logits), the exponentials in the logits' own precision (at least float32),
+    summed in float64. logits (rows, vocab) -> (rows, n) float64, (rows, n) ids."""
+    x = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+    top = x.max(dim=-1, keepdim=True).values                               # (rows, 1)
+    lse = top.double() + torch.exp(x - top).double().sum(dim=-1, keepdim=True).log()   # (rows, 1) float64
+    index = torch.arange(x.size(-1), device=x.device, dtype=x.dtype)       # (vocab,) token ids as numbers
+    allowed = torch.where(index == pad_id, -math.inf, x)                   # (rows, vocab)
+    if n == 1:                                                             # the best: its value, then its first id
+        best = allowed.amax(dim=-1, keepdim=True)                          # (two plain reductions, which vectorize
+        tokens = torch.where(allowed == best, index, x.size(-1)).amin(dim=-1, keepdim=True).long()   # unlike max)
+    else:
+        best, tokens = allowed.topk(min(n, x.size(-1)))                    # (rows, n)
+    return best.double() - lse, tokens
 
 
 # ---- finished hypotheses ------------------------------------------------------------------
