@@ -122,12 +122,11 @@ class Glassformer:
         self.threads, self.pad_id = threads, model.cfg.pad_id
         self.warm: set[tuple[int, int]] = set()
         if dtype == "compiled":
-            from glassformer import inference
             from glassformer.inference.compiler import use_compile_cache
             from glassformer.inference.static import StaticDecoder
 
             use_compile_cache()                                  # TORCHINDUCTOR_CACHE_DIR or the user cache
-            self.decoder = StaticDecoder(model, compiled=True, encoder=inference.prepare(model))
+            self.decoder = StaticDecoder(model, compiled=True)
         else:
             self.decoder = _fast(model) if dtype == "float32" else with_precision(model, dtype)
 

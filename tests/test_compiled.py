@@ -44,7 +44,7 @@ def test_step_logits_equal_the_models_decode_step(changes):
     with torch.no_grad():
         memory = model.encode(src, pad)
         cache = model.new_cache()
-        run = step.start(memory, pad, Greedy())
+        run = step.start(src, pad, Greedy())
         w = step.weights
         tokens = torch.full((src.size(0), 1), model.cfg.bos_id)
         for position in range(6):
@@ -121,19 +121,18 @@ def test_compile_mode_with_a_compiler(monkeypatch):
 
 def test_a_package_is_named_by_the_weights_the_beam_and_the_sizes(monkeypatch, tmp_path):
     """Another model, another beam or another size never loads a package built for something else."""
-    from glassformer.inference.static import StepGraph
-
     monkeypatch.setenv(compiler.CACHE_ENV, str(tmp_path))
     a, b = tiny(), tiny()
     with torch.no_grad():
-        b.head.weight[0, 0] += 1e-3
-    path = compiler.package_path
-    names = {path(StepGraph(StaticDecoder(a).weights, Greedy())), path(StepGraph(StaticDecoder(b).weights, Greedy())),
-             path(StepGraph(StaticDecoder(a).weights, BeamSearch(2))),
-             path(StepGraph(StaticDecoder(tiny(d_ff=96)).weights, Greedy()))}
-    assert len(names) == 4 and all(p.parent == tmp_path / compiler.PACKAGES for p in names)
-    same = StepGraph(StaticDecoder(tiny()).weights, Greedy())                # the same weights: the same package
-    assert path(same) == path(StepGraph(StaticDecoder(a).weights, Greedy()))
+        b.head.weight[0, 0] += 1e-3                                          # the step's weights differ
+        b.encoder.layers[0].ffn.w_1.bias[0] += 1e-3                          # and the source side's
+    source, step = StaticDecoder(a).packages(Greedy())
+    assert source.parent == step.parent == tmp_path / compiler.PACKAGES and source != step
+    others = [*StaticDecoder(b).packages(Greedy()), StaticDecoder(a).packages(BeamSearch(2))[1],
+              *StaticDecoder(tiny(d_ff=96)).packages(Greedy())]
+    assert len({source, step, *others}) == 7                                 # a, b, d_ff 96: 2 each; beam 2: 1
+    assert StaticDecoder(a).packages(BeamSearch(2))[0] == source             # one source side for every beam
+    assert StaticDecoder(tiny()).packages(Greedy()) == [source, step]        # the same weights: the same packages
 
 
 def test_compile_cache_folder(monkeypatch, tmp_path):
@@ -166,12 +165,13 @@ def test_compiled_step_gives_the_eager_tokens_and_a_second_run_builds_nothing(pa
     with torch.no_grad():
         model.head.bias[model.cfg.eos_id] = 2.9                              # sentences end at different steps
     notes: list[str] = []
-    step = StaticDecoder(model, compiled=True, encoder=prepare(model), notes=notes.append)
+    step = StaticDecoder(model, compiled=True, notes=notes.append)
     for search in (Greedy(), BeamSearch(2)):
         for src in (sources(batch=7), sources(batch=1)):
             _same(generate(step, src, search, max_len=20, n_best=search.beam),
                   generate(model, src, search, max_len=20, n_best=search.beam))
-    assert sorted(step.compile_seconds) == [1, 2] and sum("building" in n for n in notes) == 2, notes
+    assert sorted(step.compile_seconds) == ["beam 1", "beam 2", "source"], step.compile_seconds
+    assert sum("building" in n for n in notes) == 3, notes
     assert not any("failed" in n for n in notes), notes
     again: list[str] = []
     second = StaticDecoder(model, compiled=True, notes=again.append)

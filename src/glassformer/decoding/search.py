@@ -229,8 +229,10 @@ class _CachedRun:
     strategy's `advance`; the cache's rows follow the beams. (inference.StaticDecoder gives runs with the
     same three methods, over one static, compilable step.)"""
 
-    def __init__(self, model, memory: Tensor, src_pad: Tensor, search: Search) -> None:
-        self.model, self.memory, self.src_pad, self.search = model, memory, src_pad, search
+    def __init__(self, model, src: Tensor, src_pad: Tensor, search: Search) -> None:
+        rows = torch.arange(src.size(0), device=src.device).repeat_interleave(search.beam)   # (sent*K,)
+        self.memory = model.encode(src, src_pad)[rows]                      # (sent*K, src, d)
+        self.model, self.src_pad, self.search = model, src_pad[rows], search
         self.cache = model.new_cache()
         self.pad_id, self.eos = model.cfg.pad_id, model.cfg.eos_id
 
@@ -300,9 +302,9 @@ def generate(model, src: Tensor, search: Search, src_pad: Tensor | None = None,
              n_best: int = 1) -> list[list[Hypothesis]]:
     """The n_best hypotheses of each sentence of a batch, best first (n_best <= the beam).
 
-    `model` is anything with the decoding API: cfg, encode, and either `start(memory, src_pad, search)`
-    (a run with `capacity`, `step` and `keep`: inference.StaticDecoder) or new_cache and decode_step (the
-    model, its prepared copy: `_CachedRun`). The rows are slots of K beams; a slot whose sentence is done
+    `model` is anything with the decoding API: cfg, and either `start(src, src_pad, search)`
+    (a run with `capacity`, `step` and `keep`: inference.StaticDecoder) or encode, new_cache and decode_step
+    (the model, its prepared copy: `_CachedRun`). The rows are slots of K beams; a slot whose sentence is done
     stays (dead) until the run's capacity for the live sentences is smaller, then the live slots move to
     the front (the model's own cache: at once; the static step: at its next row bucket).
     """
@@ -315,11 +317,8 @@ def generate(model, src: Tensor, search: Search, src_pad: Tensor | None = None,
     limits = sentence_limits(src_pad, cfg.max_len, max_len)                  # (batch,)
     if n == 0:
         return []
-    memory = model.encode(src, src_pad)                                      # (batch, src, d)
-    rows = torch.arange(n, device=src.device).repeat_interleave(K)           # (batch*K,)
-    memory, src_pad = memory[rows], src_pad[rows]                            # (batch*K, src, d)
     start = getattr(model, "start", None)
-    run = start(memory, src_pad, search) if start is not None else _CachedRun(model, memory, src_pad, search)
+    run = start(src, src_pad, search) if start is not None else _CachedRun(model, src, src_pad, search)
     n_slots = run.capacity(n)
     slots = _initial(n, n_slots, K, limits, cfg.bos_id, src.device)
     sentence = list(range(n)) + [-1] * (n_slots - n)                         # slot -> sentence (-1: padding)

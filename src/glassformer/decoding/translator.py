@@ -112,7 +112,7 @@ class Translator:
                 or precision_of(model) != "float32" or unsupported(model)):
             return _fast(model)
         if self._static is None or self._static[0] is not model:
-            self._static = (model, StaticDecoder(model, compiled=True, encoder=prepare(model), notes=self._note))
+            self._static = (model, StaticDecoder(model, compiled=True, notes=self._note))
         static = self._static[1]
         on, note = compile_mode(self.compile, sentences, cached=static.built(search))
         if note:

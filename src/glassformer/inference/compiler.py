@@ -3,15 +3,16 @@ it needs, the ahead-of-time build of the step, and the folder its packages are k
 
     mode = compile_mode("auto", sentences=200)     # "on" / "off", with the reason when it is off
     use_compile_cache(None)                        # at an entry point, before the first compilation
-    step = compiled_step(StepGraph(...), example_inputs)
+    step = compiled(StepGraph(...), example_inputs, dynamic_shapes, facts)
 
-The step is traced once by `torch.export` with every size symbolic (rows, target positions, source
-positions, the output limit), then built by AOTInductor into one package (generated C++ compiled by the
-system's compiler, the weights inside): the model's first run of a beam size pays that build (about a
-minute on 2 cores), later runs load the package from the cache folder in a fraction of a second, and one
-package serves every batch and sentence length. The package's name is a hash of everything its code
-depends on: the weights and sizes, the beam, the source of the step and the search, the torch version
-and the CPU's instruction set, so a changed model or machine builds a new one and never loads a stale one.
+Each part of the static step (static.py: the source side, and the step of each beam size) is traced once
+by `torch.export` with every size symbolic (rows, target positions, source positions, the output limit),
+then built by AOTInductor into one package (generated C++ compiled by the system's compiler, the weights
+inside): the model's first run pays that build (tens of seconds a part on 2 cores), later runs load the
+package from the cache folder in a fraction of a second, and one package serves every batch and sentence
+length. The package's name is a hash of everything its code depends on: the weights and sizes, the beam,
+the code of the model, of this layer and of the search, the torch version and the CPU's instruction set,
+so a changed model, program or machine builds a new one and never loads a stale one.
 
 This is the one place that calls AOTInductor (`torch._inductor.aoti_compile_and_package` and
 `aoti_load_package`, its documented entry points: https://pytorch.org/docs/stable/torch.compiler_aot_inductor.html),
@@ -23,12 +24,12 @@ Training's `--compile` uses torch.compile and shares the compiler detection and 
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import os
 import platform
 import shutil
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,7 +40,6 @@ COMPILE_MODES = ("auto", "on", "off")
 AUTO_MIN_SENTENCES = 100       # auto: build a package only for jobs long enough to win its build back
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 PACKAGES = "packages"          # below the cache folder: one .pt2 per model and beam size
-MAX_SLOTS = 1 << 14            # sentence slots a package accepts (rows: times the beam)
 
 
 def cxx_compiler() -> str | None:
@@ -87,66 +87,57 @@ def use_compile_cache(folder: str | os.PathLike | None = None) -> Path:
     return path
 
 
-def package_path(step: nn.Module) -> Path:
-    """Where the package of `step` (static.StepGraph) is kept: <cache folder>/packages/step-<hash>.pt2."""
+def package_path(module: nn.Module, facts: dict) -> Path:
+    """Where the package of `module` is kept: <cache folder>/packages/<kind>-<hash>.pt2."""
     folder = Path(os.environ.get(CACHE_ENV) or default_cache_dir()) / PACKAGES
-    return folder / f"step-{_fingerprint(step)}.pt2"
+    return folder / f"{facts['kind']}-{_fingerprint(module, facts)}.pt2"
 
 
-def _fingerprint(step: nn.Module) -> str:
-    """A hash of what the compiled code depends on (see the module docstring)."""
+def _fingerprint(module: nn.Module, facts: dict) -> str:
+    """A hash of what the compiled code depends on: `facts`, the weights and their names, the code of the
+    model and of this speed layer (and any file named in facts["code"]), torch and the CPU's instructions."""
     h = hashlib.sha256()
-    sources = {inspect.getsourcefile(type(step)), inspect.getsourcefile(type(step.search)), __file__}
-    facts = {"torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(),
-             "machine": platform.machine(), "beam": step.search.beam, "search": type(step.search).__name__,
-             "config": repr(step.weights.cfg)}
-    h.update(json.dumps(facts, sort_keys=True).encode())
-    for name in sorted(sources):
+    machine = {"torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(),
+               "machine": platform.machine()}
+    h.update(json.dumps({**facts, **machine}, sort_keys=True, default=str).encode())
+    package = Path(__file__).resolve().parents[1]
+    files = sorted([*package.glob("model/*.py"), *package.glob("inference/*.py")])
+    for name in [*files, *([facts["code"]] if facts.get("code") else [])]:
         h.update(Path(name).read_bytes())
-    for name, t in step.state_dict().items():
+    for name, t in module.state_dict().items():
         h.update(name.encode())
         h.update(str(tuple(t.shape)).encode())
         h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:24]
 
 
-def dynamic_shapes(example: tuple, beam: int, max_len: int) -> tuple:
-    """torch.export's symbolic sizes for a step's inputs (static.StepGraph.forward): sentence slots, rows
-    (slots × beam), self-attention positions, source positions, the history's width (the longest limit)."""
-    Dim = torch.export.Dim
-    slots_dim = Dim("slots", min=1, max=MAX_SLOTS)
-    rows = slots_dim if beam == 1 else beam * slots_dim
-    positions, source, limit = (Dim(n, min=1, max=max_len) for n in ("positions", "source", "limit"))
-    *_, self_k, self_v, cross_k, cross_v, _source = example
-    slots = ({0: rows}, {0: slots_dim}, {0: slots_dim}, {0: slots_dim}, {0: slots_dim}, {0: rows, 1: limit})
-    return (*slots, None, None, [{0: rows, 2: positions}] * len(self_k), [{0: rows, 2: positions}] * len(self_v),
-            [{0: rows, 2: source}] * len(cross_k), [{0: rows, 2: source}] * len(cross_v), {0: rows, 3: source})
-
-
-def compiled_step(step: nn.Module, example: tuple, notes: Callable[[str], None] | None = None) -> Callable:
-    """`step` (static.StepGraph) as a compiled package, built now from `example` inputs or loaded from the
-    cache folder; should building or loading fail (no working C++ toolchain), `step` itself and one note."""
-    path = package_path(step)
+def compiled(module: nn.Module, example: tuple, dynamic: tuple, facts: dict,
+             notes: Callable[[str], None] | None = None) -> Callable:
+    """`module` as a compiled package, built now by tracing it on `example` inputs with the symbolic sizes
+    `dynamic` (torch.export's dynamic_shapes), or loaded from the cache folder; should building or loading
+    fail (no working C++ toolchain), `module` itself and one note."""
+    path = package_path(module, facts)
     try:
         if not path.exists():
-            _note(notes, f"--compile: building the decoding step for beam {step.search.beam} (once per model "
-                         f"and beam size; later runs load it from {path.parent})")
+            what = "the decoding step's source side" if facts["kind"] == "source" else \
+                f"the decoding step for beam {facts.get('beam')}"
+            _note(notes, f"--compile: building {what} (once per model; later runs load it from {path.parent})")
             began = time.perf_counter()
-            with torch.no_grad():
-                program = torch.export.export(step, example, dynamic_shapes=dynamic_shapes(
-                    example, step.search.beam, step.weights.cfg.max_len))
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.pt2")
-            torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)              # torch's own deprecations while tracing
+                program = torch.export.export(module, example, dynamic_shapes=dynamic)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.pt2")
+                torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
             os.replace(partial, path)                                       # whole or absent, never half-written
             _note(notes, f"--compile: built in {time.perf_counter() - began:.1f} s")
         with torch.no_grad():
-            layout = _layout(step(*example))
+            layout = _layout(module(*example))
         return Package(torch._inductor.aoti_load_package(str(path)), layout)
     except Exception as error:                                              # compiler missing or failing
         first = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
         _note(notes, f"compiling the decoding step failed ({type(error).__name__}: {first}); decoding eagerly")
-        return step
+        return module
 
 
 class Package:

@@ -24,20 +24,23 @@ beam size serves every bucket, source length and buffer size. Tests hold the log
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..model.transformer import Transformer
-from .compiler import compiled_step, package_path
+from .compiler import compiled, package_path
 
 SENTENCE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)   # live sentences per step, padded up to one of these
 SELF_STEP = 16                                 # self-attention positions allocated at a time
 STATIC_MAX_LEN = 512                           # longer max_len: decoded by the prepared copy
+MAX_ROWS = 1 << 14                             # rows a compiled package accepts (sentences x beam)
 
 
 def bucket(n: int, sizes: tuple[int, ...] = SENTENCE_BUCKETS) -> int:
@@ -81,7 +84,8 @@ def _laid_out(weights: dict[str, Tensor | None]) -> nn.ParameterDict:
 
 
 class DecoderStep(nn.Module):
-    """The decoder's weights for one step: per layer [W^Q|W^K|W^V], W^O, cross W^Q, W^O, FFN and norms."""
+    """The decoder's weights for one step: per layer [W^Q|W^K|W^V], W^O, cross W^Q, W^O, FFN and norms
+    (cross-attention's W^K, W^V act once per batch, in SourceStep)."""
 
     def __init__(self, model: Transformer) -> None:
         super().__init__()
@@ -112,8 +116,7 @@ class DecoderStep(nn.Module):
         p = {"qkv_w": torch.cat([w.weight for w in qkv]),                   # [W^Q | W^K | W^V] (3 H d_k, d)
              "qkv_b": None if sa.w_q.bias is None else torch.cat([w.bias for w in qkv]),
              "o_w": sa.w_o.weight, "o_b": sa.w_o.bias,
-             "cq_w": ca.w_q.weight, "cq_b": ca.w_q.bias, "ck_w": ca.w_k.weight, "ck_b": ca.w_k.bias,
-             "cv_w": ca.w_v.weight, "cv_b": ca.w_v.bias, "co_w": ca.w_o.weight, "co_b": ca.w_o.bias,
+             "cq_w": ca.w_q.weight, "cq_b": ca.w_q.bias, "co_w": ca.w_o.weight, "co_b": ca.w_o.bias,
              "f1_w": ffn.w_1.weight, "f1_b": ffn.w_1.bias, "f2_w": ffn.w_2.weight, "f2_b": ffn.w_2.bias}
         for i, sub in enumerate(layer.sublayer):
             p[f"n{i}_w"], p[f"n{i}_b"] = sub.layer_norm.weight, sub.layer_norm.bias
@@ -131,17 +134,6 @@ class DecoderStep(nn.Module):
         rows = x.reshape(-1, x.size(-1))                                     # (rows, in)
         out = torch.mm(rows, wt) if b is None else torch.addmm(b, rows, wt)  # (rows, out)
         return out.view(*x.shape[:-1], wt.size(1))
-
-    def cross_kv(self, memory: Tensor) -> tuple[list[Tensor], list[Tensor]]:
-        """K = H W^K, V = H W^V of every layer, once per batch: each (rows, heads, src, d_k | d_v)."""
-        b, s, _ = memory.shape
-        keys, values = [], []
-        for p in self.layers:
-            k = self._linear(p, "ck", memory).view(b, s, self.heads, self.d_k)
-            v = self._linear(p, "cv", memory).view(b, s, self.heads, self.d_v)
-            keys.append(k.transpose(1, 2).contiguous())                       # (rows, heads, src, d_k)
-            values.append(v.transpose(1, 2).contiguous())                     # (rows, heads, src, d_v)
-        return keys, values
 
     def _residual(self, x: Tensor, p: nn.ParameterDict, i: int, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         """post: LN(x + Sub(x)); pre: x + Sub(LN(x))."""
@@ -200,6 +192,32 @@ class DecoderStep(nn.Module):
         return weights @ v                                                   # (rows, heads, 1, d_v)
 
 
+class SourceStep(nn.Module):
+    """What a batch's sources give every step, once: the encoder output H and each decoder layer's
+    cross-attention K = H W^K, V = H W^V, through the model's own encoder and `project_kv`.
+
+    src (sent, src) ids, src_pad (sent, src) True = PAD, index (rows,) the sentence of each row (its K beams,
+    padded up to a bucket) -> cross K and V per layer (rows, heads, src, d_k | d_v), and `source`
+    (rows, 1, 1, src) True = may attend. A source of only PAD reads every key of zero values (a zero output,
+    as the model's attention gives)."""
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.embed, self.encoder = model.src_embed, model.encoder
+        self.cross = nn.ModuleList(layer.cross_attention for layer in model.decoder.layers)
+
+    def forward(self, src: Tensor, src_pad: Tensor, index: Tensor) -> tuple[list[Tensor], list[Tensor], Tensor]:
+        memory = self.encoder(self.embed(src), src_pad).index_select(0, index)   # (rows, src, d)
+        pad = src_pad.index_select(0, index)                                 # (rows, src) True = PAD
+        empty = pad.all(dim=1)[:, None]                                      # (rows, 1) no source key at all
+        keys, values = [], []
+        for attention in self.cross:
+            k, v = attention.project_kv(memory)                              # (rows, heads, src, d_k | d_v)
+            keys.append(k.contiguous())
+            values.append(v.masked_fill(empty[:, :, None, None], 0.0).contiguous())
+        return keys, values, (~pad | empty)[:, None, None, :]                # (rows, 1, 1, src)
+
+
 class StepGraph(nn.Module):
     """One decoding step and the search's choice: what one compiled graph runs.
 
@@ -231,58 +249,95 @@ class StepGraph(nn.Module):
 
 
 class StaticDecoder:
-    """The decoding API `generate` runs (cfg, encode, start): the model's encoder, then the static step.
+    """The decoding API `generate` runs (cfg, encode, start): SourceStep once per batch, then the static
+    step. `encode` is the model's own (for callers that want H).
 
-    compiled: the step of each strategy (one per beam size) runs as an ahead-of-time compiled package,
-    built on its first use and kept on disk (compiler.py: torch.export, then AOTInductor), else eagerly;
-    either way the same numbers to float rounding. `compile_seconds` keeps what each package cost to build
-    or load; `notes` hears why compiling failed (that step then runs eagerly)."""
+    compiled: SourceStep and the step of each strategy (one per beam size) run as packages compiled ahead
+    of time, built on first use and kept on disk (compiler.py), else eagerly; either way the same numbers
+    to float rounding. `compile_seconds` keeps what each package cost to build or load; `notes` hears
+    why compiling failed (that part then runs eagerly)."""
 
-    def __init__(self, model: Transformer, compiled: bool = False, *, encoder=None,
+    def __init__(self, model: Transformer, compiled: bool = False, *,
                  notes: Callable[[str], None] | None = None) -> None:
         reason = unsupported(model)
         if reason:
             raise ValueError(f"the static decoding step cannot run this model: {reason}")
-        self.cfg = model.cfg
-        self._encoder = encoder if encoder is not None else model
+        self.cfg, self.model = model.cfg, model
         with torch.no_grad():
             self.weights = DecoderStep(model).eval()
         self.compiled, self.notes = compiled, notes
-        self._steps: dict[int, Callable] = {}
-        self.compile_seconds: dict[int, float] = {}                          # beam -> seconds to build or load
+        self._parts: dict[str, Callable] = {}
+        self.compile_seconds: dict[str, float] = {}                          # "source" / "beam K" -> seconds
 
     def encode(self, src: Tensor, src_pad: Tensor) -> Tensor:
-        return self._encoder.encode(src, src_pad)
+        return self.model.encode(src, src_pad)
 
-    def start(self, memory: Tensor, src_pad: Tensor, search) -> StaticRun:
-        """A run over `memory` (sent*K, src, d) whose rows are the K beams of each sentence."""
-        return StaticRun(self, memory, src_pad, search)
+    def start(self, src: Tensor, src_pad: Tensor, search) -> StaticRun:
+        """A run for the sentences `src` (sent, src) with K = search.beam beams each."""
+        return StaticRun(self, src, src_pad, search)
+
+    def packages(self, search) -> list[Path]:
+        """Where the packages this strategy runs on are kept (compiler.py): the source side's, the step's."""
+        return [package_path(SourceStep(self.model), self._facts("source")),
+                package_path(StepGraph(self.weights, search), self._facts("step", search))]
 
     def built(self, search) -> bool:
-        """Whether the compiled package of this strategy is already in the cache folder (compiler.py)."""
-        return search.beam in self._steps or package_path(StepGraph(self.weights, search)).exists()
+        """Whether the packages this strategy runs on are already in the cache folder."""
+        return all(path.exists() for path in self.packages(search))
 
-    def step_for(self, search, inputs: tuple) -> Callable:
-        """The step of this strategy; compiled on its first call (`inputs` show the kinds of its inputs)."""
-        step = self._steps.get(search.beam)
-        if step is None:
-            step = StepGraph(self.weights, search)
+    def part(self, name: str, make: Callable[[], nn.Module], inputs: tuple, search=None) -> Callable:
+        """SourceStep ("source") or the step of a strategy ("beam K"): compiled on its first call."""
+        part = self._parts.get(name)
+        if part is None:
+            part = make()
             if self.compiled:
                 began = time.perf_counter()
-                step = compiled_step(step, _example(inputs, search.beam), self.notes)
-                self.compile_seconds[search.beam] = time.perf_counter() - began
-            self._steps[search.beam] = step
-        return step
+                kind = "source" if search is None else "step"
+                example = _example(inputs, kind, 1 if search is None else search.beam)
+                built = compiled(part, example, dynamic_shapes(example, kind, self.cfg.max_len, search),
+                                 self._facts(kind, search), self.notes)
+                self.compiled = built is not part                            # failed once: eager from now on
+                part = built
+                self.compile_seconds[name] = time.perf_counter() - began
+            self._parts[name] = part
+        return part
+
+    def _facts(self, kind: str, search=None) -> dict:
+        """What a package of `kind` depends on besides its weights and the model and speed-layer code."""
+        facts = {"kind": kind, "config": repr(self.cfg)}
+        if search is not None:
+            facts.update(search=type(search).__name__, beam=search.beam, code=inspect.getsourcefile(type(search)))
+        return facts
 
 
-def _example(inputs: tuple, K: int) -> tuple:
-    """Inputs like `inputs` (a step's, in StepGraph.forward's order) with 2 slots and 3 positions of the
-    target, the source and the history: sizes above 1, so that tracing keeps every size symbolic."""
+def dynamic_shapes(example: tuple, kind: str, max_len: int, search=None) -> tuple:
+    """torch.export's symbolic sizes for the inputs of SourceStep ("source") or StepGraph ("step"): sentence
+    slots, rows (slots × beam), source positions, self-attention positions, the history's width."""
+    Dim = torch.export.Dim
+    source = Dim("source", min=1, max=max_len)
+    if kind == "source":
+        sentences, rows = Dim("sentences", min=1, max=MAX_ROWS), Dim("rows", min=1, max=MAX_ROWS)
+        return ({0: sentences, 1: source}, {0: sentences, 1: source}, {0: rows})
+    slots = Dim("slots", min=1, max=MAX_ROWS // search.beam)
+    rows = slots if search.beam == 1 else search.beam * slots
+    positions, limit = Dim("positions", min=1, max=max_len), Dim("limit", min=1, max=max_len)
+    *_, self_k, self_v, cross_k, cross_v, _ = example
+    state = ({0: rows}, {0: slots}, {0: slots}, {0: slots}, {0: slots}, {0: rows, 1: limit})
+    return (*state, None, None, [{0: rows, 2: positions}] * len(self_k), [{0: rows, 2: positions}] * len(self_v),
+            [{0: rows, 2: source}] * len(cross_k), [{0: rows, 2: source}] * len(cross_v), {0: rows, 3: source})
+
+
+def _example(inputs: tuple, kind: str, K: int) -> tuple:
+    """Inputs like `inputs` with every dynamic size 2 or 3 (2 sentences, 3 positions): above 1, so tracing
+    keeps each size symbolic."""
     def sized(t: Tensor, **dims: int) -> Tensor:
         shape = list(t.shape)
         for dim, size in dims.items():
             shape[int(dim[1:])] = size
         return t.new_zeros(shape)
+    if kind == "source":
+        src, src_pad, index = inputs
+        return sized(src, d0=2, d1=3) + 5, sized(src_pad, d0=2, d1=3), torch.tensor([0, 1, 1])
     tokens, scores, limits, live, worst, history, pos, alpha, self_k, self_v, cross_k, cross_v, source = inputs
     rows, slot = {"d0": 2 * K}, {"d0": 2}
     slots = (sized(tokens, **rows), sized(scores, **slot), sized(limits, **slot) + 3, sized(live, **slot),
@@ -294,23 +349,20 @@ def _example(inputs: tuple, K: int) -> tuple:
 class StaticRun:
     """One batch's buffers on the static step: K beams per sentence, live sentences padded to a bucket."""
 
-    def __init__(self, decoder: StaticDecoder, memory: Tensor, src_pad: Tensor, search) -> None:
+    def __init__(self, decoder: StaticDecoder, src: Tensor, src_pad: Tensor, search) -> None:
         self.decoder, self.search, self.K = decoder, search, search.beam
-        cfg, w = decoder.cfg, decoder.weights
-        rows = src_pad.size(0)
+        cfg = decoder.cfg
         self.length = 0                                                      # target positions written
-        index = _padded(torch.arange(rows, device=memory.device), self.capacity(rows // self.K) * self.K)
-        memory, pad = memory[index], src_pad[index]                          # (slots*K, src, d), (slots*K, src)
+        sentences = src.size(0)
+        index = torch.arange(sentences, device=src.device).repeat_interleave(self.K)
+        index = _padded(index, self.capacity(sentences) * self.K)            # (rows,) the sentence of each row
+        inputs = (src, src_pad, index)
+        source = decoder.part("source", lambda: SourceStep(decoder.model), inputs)
         with torch.no_grad():
-            self.cross_k, self.cross_v = w.cross_kv(memory)
-        empty = pad.all(dim=1)                                               # (rows,) a source of only PAD:
-        if bool(empty.any()):                                                # it reads every key of zero values,
-            pad = pad & ~empty[:, None]                                      # a zero output, as the model's
-            self.cross_v = [v.masked_fill(empty[:, None, None, None], 0.0) for v in self.cross_v]
-        self.source = (~pad)[:, None, None, :]                               # (rows, 1, 1, src) may attend
+            self.cross_k, self.cross_v, self.source = source(*inputs)
         shape = (index.numel(), cfg.heads, min(SELF_STEP, cfg.max_len))
-        self.self_k = [memory.new_zeros(*shape, cfg.d_k) for _ in w.layers]  # (rows, heads, positions, d_k)
-        self.self_v = [memory.new_zeros(*shape, cfg.d_v) for _ in w.layers]
+        self.self_k = [src.new_zeros(*shape, cfg.d_k, dtype=torch.float32) for _ in self.cross_k]
+        self.self_v = [src.new_zeros(*shape, cfg.d_v, dtype=torch.float32) for _ in self.cross_k]
 
     def capacity(self, sentences: int) -> int:
         """Slots for `sentences` live sentences: the smallest bucket that holds them."""
@@ -326,7 +378,8 @@ class StaticRun:
             self.self_k = [_grown(t, size, pos) for t in self.self_k]
             self.self_v = [_grown(t, size, pos) for t in self.self_v]
         inputs = (*slots, torch.tensor(pos), alpha, self.self_k, self.self_v, self.cross_k, self.cross_v, self.source)
-        step = self.decoder.step_for(self.search, inputs)
+        step = self.decoder.part(f"beam {self.K}", lambda: StepGraph(self.decoder.weights, self.search), inputs,
+                                 self.search)
         with torch.no_grad():
             out, self.self_k, self.self_v = step(*inputs)
         self.length = length
