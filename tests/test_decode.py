@@ -321,3 +321,27 @@ def test_length_penalty_keeps_searching_after_the_first_finished_beam():
     assert longer == [A, A, A]                             # divided by its length (4, EOS counted) it wins
     assert penalised(math.log(0.6 * 0.7 * 0.7 * 0.99), 4, 1.0) > penalised(math.log(0.4), 1, 1.0)
     assert longer == _every_path(table, 6, 1.0)[0][1]
+
+
+# ---- the best n of a row ----------------------------------------------------------------------
+@pytest.mark.parametrize("vocab", [4000, 4001, 1100, 200])
+@pytest.mark.parametrize("n", [2, 8])
+def test_top_n_equals_topk(vocab, n):
+    """The two-pass top n (block maxima, then the best blocks' values) gives torch.topk's values and ids,
+    also when the n best share one block, when the vocabulary is not a multiple of the block, and for a row
+    with fewer than n finite values."""
+    from glassformer.decoding.search import TOP_BLOCK, top_n
+
+    g = torch.Generator().manual_seed(vocab + n)
+    x = torch.randn(9, vocab, generator=g)
+    x[1, :n] = 10 + torch.arange(n, dtype=torch.float32)                    # the n best in the first block
+    x[2, -1] = 50.0                                                          # the best in the last, short block
+    x[3] = -math.inf
+    x[3, 7] = 1.0                                                            # one finite value
+    values, ids = top_n(x, n)
+    expected, expected_ids = x.topk(n)
+    assert torch.equal(values, expected)
+    finite = torch.isfinite(values)
+    assert torch.equal(ids[finite], expected_ids[finite])
+    assert ids[1].sort().values.tolist() == list(range(n)) and ids[2, 0] == vocab - 1
+    assert (vocab >= 4 * n * TOP_BLOCK) == (vocab != 200)                    # both branches are tested

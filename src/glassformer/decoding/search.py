@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 LENGTH_A, LENGTH_B = 2.0, 10      # output limit: a * source_len + b tokens
@@ -93,7 +94,9 @@ class Advance:
     rows: Tensor        # (slots*K,) the row of this step each live beam continues
     scores: Tensor      # (slots, K) their scores (-inf: a dead copy, only filling the slot)
     history: Tensor     # (slots*K, longest limit) their ids, the newest included
-    candidates: tuple[Tensor, Tensor, Tensor]   # ranked (scores, tokens, parents in [0, K)), each (slots, C)
+    ranked: Tensor      # (slots, C) float64: the step's candidates, best first: their scores,
+    ranked_tokens: Tensor   # (slots, C) their ids,
+    ranked_parents: Tensor  # (slots, C) and the beam in [0, K) each continues
     ended: Tensor       # (slots, C) bool: candidates that finish a hypothesis (EOS, or the limit; top K only)
     bound: Tensor       # (slots,) float64: the best normalised score a live beam can still reach
     done: Tensor        # (slots,) bool: done whatever this step's finished hypotheses add
@@ -115,8 +118,8 @@ class Search:
 
     def advance(self, logits: Tensor, slots: tuple, length: Tensor, alpha: Tensor, pad: int, eos: int) -> tuple:
         """Next-token logits (slots*K, vocab) of the step that makes `length` (0-dim) tokens, and the `Slots`
-        (or a plain tuple of its fields) -> the fields of an `Advance`, in its order (a tuple: a compiled
-        graph returns it as it is). No host sync."""
+        (or a plain tuple of its fields) -> the fields of an `Advance`, in its order (a flat tuple of tensors:
+        a compiled graph returns it as it is). No host sync."""
         _, scores, limits, live, worst, history = slots
         log_probs, tokens = top_log_probabilities(logits, pad, self.per_row)  # (slots*K, c) float64, ids
         best, tokens, parents = self.step(log_probs.view(*scores.shape, -1), tokens.view(*scores.shape, -1), scores)
@@ -139,7 +142,7 @@ class Search:
         history = history.index_select(0, rows).index_copy(1, (length - 1).view(1), new[:, None])
         bound = best_possible(new_scores, length, limits[:, None], alpha).amax(dim=1)   # (slots,)
         done = live & (at_limit | ~kept.any(dim=1) | (bound <= worst))
-        return new, rows, new_scores, history, (best, tokens, parents), ended, bound, done, ended.any() | done.any()
+        return new, rows, new_scores, history, best, tokens, parents, ended, bound, done, ended.any() | done.any()
 
 
 class Greedy(Search):
@@ -190,8 +193,28 @@ def top_log_probabilities(logits: Tensor, pad_id: int, n: int) -> tuple[Tensor, 
         best = allowed.amax(dim=-1, keepdim=True)                          # (two plain reductions, which vectorize
         tokens = torch.where(allowed == best, index, x.size(-1)).amin(dim=-1, keepdim=True).long()   # unlike max)
     else:
-        best, tokens = allowed.topk(min(n, x.size(-1)))                    # (rows, n)
+        best, tokens = top_n(allowed, n)                                   # (rows, n)
     return best.double() - lse, tokens
+
+
+TOP_BLOCK = 32                    # top_n: the vocabulary read in blocks of this many ids
+
+
+def top_n(x: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """The n largest values of each row of x (rows, vocab), best first, and their ids: torch.topk's answer
+    (up to the order of equal values), in two cheaper passes when the vocabulary is large. The n best of a
+    row lie in the n blocks of TOP_BLOCK ids whose maxima are largest (any other block's best is beaten by
+    n blocks, so by n values), so: the block maxima (one vectorised reduction), the n best blocks, then the
+    n best of their n x TOP_BLOCK values."""
+    rows, vocab = x.shape
+    if vocab < 4 * n * TOP_BLOCK:
+        return x.topk(min(n, vocab))
+    blocks = -(-vocab // TOP_BLOCK)
+    tiled = F.pad(x, (0, blocks * TOP_BLOCK - vocab), value=-math.inf).view(rows, blocks, TOP_BLOCK)
+    chosen = tiled.amax(dim=-1).topk(n).indices                           # (rows, n) the best blocks
+    inside = tiled.gather(1, chosen[:, :, None].expand(-1, -1, TOP_BLOCK)).view(rows, n * TOP_BLOCK)
+    best, at = inside.topk(n)                                             # (rows, n) of n x TOP_BLOCK values
+    return best, chosen.gather(1, at // TOP_BLOCK) * TOP_BLOCK + at % TOP_BLOCK
 
 
 # ---- finished hypotheses ------------------------------------------------------------------
@@ -277,7 +300,7 @@ def _finish(advance: Advance, slots: Slots, length: int, sentence: list[int], fi
     if ended:
         worst = worst.clone()
         K = slots.scores.size(1)
-        scores, tokens, parents = (t.tolist() for t in advance.candidates)
+        scores, tokens, parents = (t.tolist() for t in (advance.ranked, advance.ranked_tokens, advance.ranked_parents))
         for slot, c in ended:
             score, token = scores[slot][c], tokens[slot][c]
             ids = slots.history[slot * K + parents[slot][c], : length - 1].tolist()

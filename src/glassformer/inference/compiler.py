@@ -113,9 +113,10 @@ def _fingerprint(module: nn.Module, facts: dict) -> str:
 
 def compiled(module: nn.Module, example: tuple, dynamic: tuple, facts: dict,
              notes: Callable[[str], None] | None = None) -> Callable:
-    """`module` as a compiled package, built now by tracing it on `example` inputs with the symbolic sizes
-    `dynamic` (torch.export's dynamic_shapes), or loaded from the cache folder; should building or loading
-    fail (no working C++ toolchain), `module` itself and one note."""
+    """`module` (whose forward returns a flat tuple of tensors) as a compiled package, built now by tracing
+    it on `example` inputs with the symbolic sizes `dynamic` (torch.export's dynamic_shapes), or loaded from
+    the cache folder; should building or loading fail (no working C++ toolchain), `module` itself and one
+    note."""
     path = package_path(module, facts)
     try:
         if not path.exists():
@@ -131,9 +132,7 @@ def compiled(module: nn.Module, example: tuple, dynamic: tuple, facts: dict,
                 torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
             os.replace(partial, path)                                       # whole or absent, never half-written
             _note(notes, f"--compile: built in {time.perf_counter() - began:.1f} s")
-        with torch.no_grad():
-            layout = _layout(module(*example))
-        return Package(torch._inductor.aoti_load_package(str(path)), layout)
+        return Package(torch._inductor.aoti_load_package(str(path)))
     except Exception as error:                                              # compiler missing or failing
         first = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
         _note(notes, f"compiling the decoding step failed ({type(error).__name__}: {first}); decoding eagerly")
@@ -141,33 +140,16 @@ def compiled(module: nn.Module, example: tuple, dynamic: tuple, facts: dict,
 
 
 class Package:
-    """A loaded package called like the step it was built from: the inputs' lists opened into one list of
-    tensors, the outputs' tuples and lists rebuilt by `layout`. (The package's own __call__ does this with
+    """A loaded package called like the module it was built from (tensors and lists of tensors in, a flat
+    tuple of tensors out): its runner takes one list of tensors. (The package's own __call__ does this with
     torch's generic tree code, reading its specs anew at every call: at batch 1 that was a fifth of a step.)"""
 
-    def __init__(self, compiled, layout) -> None:
-        self.runner, self.layout = compiled.loader, layout
+    def __init__(self, compiled) -> None:
+        self.runner = compiled.loader
 
-    def __call__(self, *inputs):
+    def __call__(self, *inputs) -> tuple:
         flat = [t for x in inputs for t in (x if isinstance(x, (list, tuple)) else (x,))]
-        return _rebuilt(self.layout, self.runner.boxed_run(flat))
-
-
-def _layout(value):
-    """The shape of a step's output as nested tuples/lists of leaf indices, e.g. ((0, 1, (2, 3)), [4, 5])."""
-    count = iter(range(1 << 30))
-
-    def walk(v):
-        if isinstance(v, (list, tuple)):
-            return type(v)(walk(x) for x in v)
-        return next(count)
-    return walk(value)
-
-
-def _rebuilt(layout, flat: list):
-    if isinstance(layout, int):
-        return flat[layout]
-    return type(layout)(_rebuilt(x, flat) for x in layout)
+        return tuple(self.runner.boxed_run(flat))
 
 
 def _note(notes: Callable[[str], None] | None, line: str) -> None:

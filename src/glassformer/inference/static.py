@@ -197,16 +197,16 @@ class SourceStep(nn.Module):
     cross-attention K = H W^K, V = H W^V, through the model's own encoder and `project_kv`.
 
     src (sent, src) ids, src_pad (sent, src) True = PAD, index (rows,) the sentence of each row (its K beams,
-    padded up to a bucket) -> cross K and V per layer (rows, heads, src, d_k | d_v), and `source`
-    (rows, 1, 1, src) True = may attend. A source of only PAD reads every key of zero values (a zero output,
-    as the model's attention gives)."""
+    padded up to a bucket) -> cross K of every layer, cross V of every layer (rows, heads, src, d_k | d_v),
+    and `source` (rows, 1, 1, src) True = may attend: one flat tuple. A source of only PAD reads every key
+    of zero values (a zero output, as the model's attention gives)."""
 
     def __init__(self, model: Transformer) -> None:
         super().__init__()
         self.embed, self.encoder = model.src_embed, model.encoder
         self.cross = nn.ModuleList(layer.cross_attention for layer in model.decoder.layers)
 
-    def forward(self, src: Tensor, src_pad: Tensor, index: Tensor) -> tuple[list[Tensor], list[Tensor], Tensor]:
+    def forward(self, src: Tensor, src_pad: Tensor, index: Tensor) -> tuple[Tensor, ...]:
         memory = self.encoder(self.embed(src), src_pad).index_select(0, index)   # (rows, src, d)
         pad = src_pad.index_select(0, index)                                 # (rows, src) True = PAD
         empty = pad.all(dim=1)[:, None]                                      # (rows, 1) no source key at all
@@ -215,7 +215,7 @@ class SourceStep(nn.Module):
             k, v = attention.project_kv(memory)                              # (rows, heads, src, d_k | d_v)
             keys.append(k.contiguous())
             values.append(v.masked_fill(empty[:, :, None, None], 0.0).contiguous())
-        return keys, values, (~pad | empty)[:, None, None, :]                # (rows, 1, 1, src)
+        return (*keys, *values, (~pad | empty)[:, None, None, :])           # ..., source (rows, 1, 1, src)
 
 
 class StepGraph(nn.Module):
@@ -235,17 +235,17 @@ class StepGraph(nn.Module):
     def forward(self, tokens: Tensor, scores: Tensor, limits: Tensor, live: Tensor, worst: Tensor, history: Tensor,
                 pos: Tensor, alpha: Tensor, self_k: list[Tensor], self_v: list[Tensor], cross_k: list[Tensor],
                 cross_v: list[Tensor], source: Tensor) -> tuple:
-        """The fields of decoding/search.py's `Slots`, `pos` (0-dim) the position of `tokens` -> the fields of
-        an `Advance`, and the self-attention buffers the next step reads (this step's K/V rows written at
-        `pos`; with beams, new buffers whose rows follow the beams)."""
+        """The fields of decoding/search.py's `Slots`, `pos` (0-dim) the position of `tokens` -> one flat tuple:
+        the fields of an `Advance`, then the self-attention K and V buffers the next step reads (this step's
+        rows written at `pos`; with beams, new buffers whose rows follow the beams)."""
         logits = self.weights.logits(tokens, pos, self_k, self_v, cross_k, cross_v, source)   # (rows, vocab)
         slots = (tokens, scores, limits, live, worst, history)
         out = self.search.advance(logits, slots, pos + 1, alpha, self.pad_id, self.eos_id)
-        if self.search.beam == 1:
-            return out, self_k, self_v
-        rows = out[1]                                                        # (rows,) each beam's parent row
-        return (out, [t.index_select(0, rows) for t in self_k],             # (rows, heads, positions, d)
-                [t.index_select(0, rows) for t in self_v])
+        if self.search.beam > 1:
+            rows = out[1]                                                    # (rows,) each beam's parent row
+            self_k = [t.index_select(0, rows) for t in self_k]              # (rows, heads, positions, d)
+            self_v = [t.index_select(0, rows) for t in self_v]
+        return (*out, *self_k, *self_v)
 
 
 class StaticDecoder:
@@ -359,7 +359,9 @@ class StaticRun:
         inputs = (src, src_pad, index)
         source = decoder.part("source", lambda: SourceStep(decoder.model), inputs)
         with torch.no_grad():
-            self.cross_k, self.cross_v, self.source = source(*inputs)
+            *cross, self.source = source(*inputs)
+        layers = len(cross) // 2
+        self.cross_k, self.cross_v = list(cross[:layers]), list(cross[layers:])
         shape = (index.numel(), cfg.heads, min(SELF_STEP, cfg.max_len))
         self.self_k = [src.new_zeros(*shape, cfg.d_k, dtype=torch.float32) for _ in self.cross_k]
         self.self_v = [src.new_zeros(*shape, cfg.d_v, dtype=torch.float32) for _ in self.cross_k]
@@ -381,9 +383,11 @@ class StaticRun:
         step = self.decoder.part(f"beam {self.K}", lambda: StepGraph(self.decoder.weights, self.search), inputs,
                                  self.search)
         with torch.no_grad():
-            out, self.self_k, self.self_v = step(*inputs)
+            out = step(*inputs)
+        layers, fields = len(self.self_k), len(out) - 2 * len(self.self_k)
+        self.self_k, self.self_v = list(out[fields: fields + layers]), list(out[fields + layers:])
         self.length = length
-        return out
+        return out[:fields]
 
     def keep(self, rows: Tensor) -> None:
         """Keep rows `rows`: the live sentences' slots first, padded to a smaller bucket."""
