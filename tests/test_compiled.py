@@ -13,7 +13,7 @@ import torch
 
 from glassformer.decoding.search import BeamSearch, Greedy, generate
 from glassformer.inference import compiler, prepare
-from glassformer.inference.static import SENTENCE_BUCKETS, StaticDecoder, bucket, unsupported
+from glassformer.inference.static import SENTENCE_BUCKETS, StaticDecoder, StepGraph, bucket, unsupported
 from glassformer.model import Transformer
 from glassformer.model.config import ModelConfig
 
@@ -121,7 +121,7 @@ def test_compile_mode_with_a_compiler(monkeypatch):
 
 def test_a_package_is_named_by_the_weights_the_beam_and_the_sizes(monkeypatch, tmp_path):
     """Another model, another beam or another size never loads a package built for something else."""
-    monkeypatch.setenv(compiler.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(compiler, "_folder", tmp_path)
     a, b = tiny(), tiny()
     with torch.no_grad():
         b.head.weight[0, 0] += 1e-3                                          # the step's weights differ
@@ -136,24 +136,32 @@ def test_a_package_is_named_by_the_weights_the_beam_and_the_sizes(monkeypatch, t
 
 
 def test_compile_cache_folder(monkeypatch, tmp_path):
-    monkeypatch.delenv(compiler.CACHE_ENV, raising=False)
+    """--compile-cache, else the user's TORCHINDUCTOR_CACHE_DIR as it was when glassformer started (not what
+    inductor writes into the variable later), else the user cache."""
+    monkeypatch.setattr(compiler, "_folder", None)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(compiler, "_USER_FOLDER", None)
+    monkeypatch.setenv(compiler.CACHE_ENV, "/tmp/torchinductor_someone")    # inductor's own default, set by torch
     assert compiler.default_cache_dir() == tmp_path / "xdg" / "glassformer" / "inductor"
+    assert compiler.use_compile_cache() == compiler.default_cache_dir()
+    assert os.environ[compiler.CACHE_ENV] == str(compiler.default_cache_dir())   # inductor's kernels go there too
+    monkeypatch.setattr(compiler, "_USER_FOLDER", str(tmp_path / "users"))
+    assert compiler.use_compile_cache() == tmp_path / "users"
     assert compiler.use_compile_cache(tmp_path / "mine") == tmp_path / "mine"
     assert (tmp_path / "mine").is_dir()
+    step = StepGraph(StaticDecoder(tiny()).weights, Greedy())
+    assert compiler.package_path(step, {"kind": "step"}).parent == tmp_path / "mine" / compiler.PACKAGES
 
 
 @pytest.fixture(scope="module")
 def package_folder(tmp_path_factory):
     """One cache folder for this module's packages (each build costs tens of seconds on 2 cores)."""
-    folder = tmp_path_factory.mktemp("packages")
-    saved = os.environ.get(compiler.CACHE_ENV)
-    os.environ[compiler.CACHE_ENV] = str(folder)
+    saved = compiler._folder, os.environ.get(compiler.CACHE_ENV)
+    folder = compiler.use_compile_cache(tmp_path_factory.mktemp("packages"))
     yield folder
-    if saved is None:
-        os.environ.pop(compiler.CACHE_ENV, None)
-    else:
-        os.environ[compiler.CACHE_ENV] = saved
+    compiler._folder = saved[0]
+    if saved[1] is not None:
+        os.environ[compiler.CACHE_ENV] = saved[1]
 
 
 @pytest.mark.slow

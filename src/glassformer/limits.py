@@ -40,6 +40,9 @@ MAX_IG_AUTO_STEPS = 1024             # steps `--steps auto` may double a row to 
 # ---- word alignment (`align --gold`) ----------------------------------------------------------
 MAX_ALIGN_PAIRS = 1000               # gold pairs one `align --gold` run aligns (every method, every pair)
 
+# ---- the hallucination signal (`hallucination`) -----------------------------------------------
+MAX_HALLUCINATION_SENTENCES = 2000   # pairs one `hallucination` run scores (three targets each, every method)
+
 # ---- model folders (config.json, model.safetensors, vocab.json) ------------------------------
 MAX_D_MODEL = 4096
 MAX_LAYERS = 48                      # encoder or decoder layers

@@ -86,8 +86,7 @@ class Slots(NamedTuple):
     history: Tensor     # (slots*K, longest limit) the ids each row generated so far
 
 
-@dataclass
-class Advance:
+class Advance(NamedTuple):
     """What one step decided for every slot (tensors). `rows` and `scores` are the next step's beams."""
 
     tokens: Tensor      # (slots*K,) the live beams' newest ids

@@ -36,10 +36,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .threads import use_threads
+
 COMPILE_MODES = ("auto", "on", "off")
 AUTO_MIN_SENTENCES = 100       # auto: build a package only for jobs long enough to win its build back
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 PACKAGES = "packages"          # below the cache folder: one .pt2 per model and beam size
+BUILD_THREADS = 1              # the package's own loops are generated for this many threads (its products
+                               # run on torch's threads of the moment): one, so a batch-1 step wakes no thread
 
 
 def cxx_compiler() -> str | None:
@@ -73,23 +77,27 @@ def default_cache_dir() -> Path:
     return Path(base) / "glassformer" / "inductor"
 
 
+# The user's TORCHINDUCTOR_CACHE_DIR, read when glassformer starts: once inductor has run, the variable
+# holds inductor's own default (a folder under /tmp), which is not the user's choice.
+_USER_FOLDER = os.environ.get(CACHE_ENV)
+_folder: Path | None = None       # the cache folder chosen by use_compile_cache
+
+
 def use_compile_cache(folder: str | os.PathLike | None = None) -> Path:
-    """Point inductor's cache at `folder` (default: an already set TORCHINDUCTOR_CACHE_DIR, else
-    default_cache_dir()). Call at an entry point, before anything is compiled in this process."""
-    if folder is not None:
-        path = Path(folder).expanduser()
-    elif os.environ.get(CACHE_ENV):
-        path = Path(os.environ[CACHE_ENV])
-    else:
-        path = default_cache_dir()
+    """Choose the cache folder: `folder`, else the user's TORCHINDUCTOR_CACHE_DIR, else default_cache_dir().
+    Packages go to its packages/ folder, inductor's own kernel cache to the folder itself (the variable is
+    set for it). Call at an entry point, before anything is compiled in this process."""
+    global _folder
+    path = Path(folder).expanduser() if folder is not None else Path(_USER_FOLDER or default_cache_dir())
     path.mkdir(parents=True, exist_ok=True)
     os.environ[CACHE_ENV] = str(path)
+    _folder = path
     return path
 
 
 def package_path(module: nn.Module, facts: dict) -> Path:
     """Where the package of `module` is kept: <cache folder>/packages/<kind>-<hash>.pt2."""
-    folder = Path(os.environ.get(CACHE_ENV) or default_cache_dir()) / PACKAGES
+    folder = (_folder or Path(_USER_FOLDER or default_cache_dir())) / PACKAGES
     return folder / f"{facts['kind']}-{_fingerprint(module, facts)}.pt2"
 
 
@@ -124,7 +132,7 @@ def compiled(module: nn.Module, example: tuple, dynamic: tuple, facts: dict,
                 f"the decoding step for beam {facts.get('beam')}"
             _note(notes, f"--compile: building {what} (once per model; later runs load it from {path.parent})")
             began = time.perf_counter()
-            with torch.no_grad(), warnings.catch_warnings():
+            with torch.no_grad(), warnings.catch_warnings(), use_threads(BUILD_THREADS):
                 warnings.simplefilter("ignore", FutureWarning)              # torch's own deprecations while tracing
                 program = torch.export.export(module, example, dynamic_shapes=dynamic)
                 path.parent.mkdir(parents=True, exist_ok=True)

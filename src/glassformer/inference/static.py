@@ -266,6 +266,7 @@ class StaticDecoder:
         with torch.no_grad():
             self.weights = DecoderStep(model).eval()
         self.compiled, self.notes = compiled, notes
+        self.positions = tuple(torch.tensor(i) for i in range(self.cfg.max_len))   # 0-dim: a step's `pos`
         self._parts: dict[str, Callable] = {}
         self.compile_seconds: dict[str, float] = {}                          # "source" / "beam K" -> seconds
 
@@ -379,11 +380,11 @@ class StaticRun:
             size = min(self.self_k[0].size(2) + SELF_STEP, cfg.max_len)
             self.self_k = [_grown(t, size, pos) for t in self.self_k]
             self.self_v = [_grown(t, size, pos) for t in self.self_v]
-        inputs = (*slots, torch.tensor(pos), alpha, self.self_k, self.self_v, self.cross_k, self.cross_v, self.source)
+        inputs = (*slots, self.decoder.positions[pos], alpha, self.self_k, self.self_v, self.cross_k, self.cross_v,
+                  self.source)
         step = self.decoder.part(f"beam {self.K}", lambda: StepGraph(self.decoder.weights, self.search), inputs,
                                  self.search)
-        with torch.no_grad():
-            out = step(*inputs)
+        out = step(*inputs)                                                  # (generate runs without gradients)
         layers, fields = len(self.self_k), len(out) - 2 * len(self.self_k)
         self.self_k, self.self_v = list(out[fields: fields + layers]), list(out[fields + layers:])
         self.length = length
