@@ -345,3 +345,20 @@ def test_top_n_equals_topk(vocab, n):
     assert torch.equal(ids[finite], expected_ids[finite])
     assert ids[1].sort().values.tolist() == list(range(n)) and ids[2, 0] == vocab - 1
     assert (vocab >= 4 * n * TOP_BLOCK) == (vocab != 200)                    # both branches are tested
+
+
+def test_stop_top_ends_when_a_steps_best_candidate_finishes_and_can_cut_a_better_beam():
+    """stop="top" (OpenNMT-py / CTranslate2): EOS is the best candidate of the first step, so the search ends
+    there with []; the default bound keeps searching and finds A EOS, better once divided by its length."""
+
+    def table(prefix):
+        return {EOS: 0.45, A: 0.40, B: 0.15} if prefix == () else {EOS: 0.99, A: 0.01}
+
+    model = TableModel(table)
+    src = torch.tensor([[3]])
+    assert penalised(math.log(0.40 * 0.99), 2, 1.0) > penalised(math.log(0.45), 1, 1.0)   # premise
+    top = generate(model, src, BeamSearch(2), alpha=1.0, max_len=6, stop="top")[0][0]
+    bound = generate(model, src, BeamSearch(2), alpha=1.0, max_len=6)[0][0]
+    assert top.tokens == [] and bound.tokens == [A] == _every_path(table, 6, 1.0)[0][1]
+    with pytest.raises(ValueError, match="stop"):
+        generate(model, src, BeamSearch(2), stop="first")

@@ -20,6 +20,10 @@ def _add_decoding(parser: argparse.ArgumentParser, beam: int = 1) -> None:
     parser.add_argument("--beam", type=positive, default=beam,
                         help=f"beam size (default {beam}{' = greedy' if beam == 1 else '; 1 = greedy'})")
     parser.add_argument("--alpha", type=float, help="beam length penalty: score / len^alpha")
+    parser.add_argument("--stop", choices=("bound", "top"), default="bound",
+                        help="when a sentence's beam search ends: bound (default) = when no live beam can still "
+                             "beat the best finished one; top = also once a step's best candidate has finished "
+                             "(OpenNMT-py's and CTranslate2's rule: fewer steps, sometimes a worse translation)")
     parser.add_argument("--max-length", type=positive, metavar="N",
                         help="most tokens generated per sentence, EOS included (default 2 x source length + 10; "
                              "at most the model's max_len)")
@@ -51,6 +55,7 @@ def _translator(args):
     translator.check_max_length(args.max_length)
     translator.model = with_precision(translator.model, args.dtype)          # float32: the model itself
     translator.compile, translator.notes = getattr(args, "compile", "off"), _stderr_note
+    translator.stop = getattr(args, "stop", translator.stop)
     if translator.compile != "off":
         _compile_cache(getattr(args, "compile_cache", None))
     return translator, DEFAULT_ALPHA if args.alpha is None else args.alpha
@@ -119,7 +124,7 @@ def evaluate_command(args) -> int:
     result = evaluate_pairs(translator, pairs, args.input, args.beam, alpha, args.max_length)
     if args.json:
         print(json.dumps({"model": str(folder), "split": args.split, "input": args.input, "beam": args.beam,
-                          "alpha": alpha, "max_length": args.max_length,
+                          "alpha": alpha, "stop": translator.stop, "max_length": args.max_length,
                           **result.to_dict(with_hypotheses=args.hypotheses)}, ensure_ascii=False))
     else:
         print(f"{args.split} ({result.sentences} sentences, input {args.input}, beam {args.beam}): "

@@ -16,7 +16,10 @@ The rules:
   limit any token in the top K does); the best K that do not finish stay live.
 - A sentence is done when no live beam can still beat its n-th best finished hypothesis: since
   log-probs are <= 0, a live beam with score s at length L reaches at best
-  max(s / (L+1)^alpha, s / limit^alpha).
+  max(s / (L+1)^alpha, s / limit^alpha) (stop="bound", the default: the search's own optimum). With
+  stop="top" it is also done once the best candidate of a step has ended a hypothesis and n are in
+  (OpenNMT-py's and CTranslate2's rule: fewer steps, and with alpha > 0 a longer beam that would have
+  won can be cut).
 - Decoding starts from the model's `cfg.bos_id`, ends at `cfg.eos_id`, never produces `cfg.pad_id`.
 
 One step costs the loop one look at the host: `Advance.events`, true when a hypothesis finished or a
@@ -36,6 +39,8 @@ from torch import Tensor
 
 LENGTH_A, LENGTH_B = 2.0, 10      # output limit: a * source_len + b tokens
 DEFAULT_ALPHA = 1.0               # length penalty exponent (chosen on dev, docs/translator.md)
+STOP_RULES = ("bound", "top")     # when a sentence's beam search is done (module docstring)
+DEFAULT_STOP = "bound"
 
 
 # ---- output limits ------------------------------------------------------------------------
@@ -233,6 +238,7 @@ class _Finished:
 
     def __init__(self, n: int) -> None:
         self.n, self.best = n, []
+        self.top = False              # a step's best candidate has ended a hypothesis (STOP_RULES "top")
 
     def add(self, hyp: Hypothesis) -> float:
         """Keep `hyp` if it is among the n best; the n-th best normalised score (-inf while fewer than n)."""
@@ -291,7 +297,7 @@ def _initial(sentences: int, n_slots: int, K: int, limits: Tensor, bos: int, dev
 
 
 def _finish(advance: Advance, slots: Slots, length: int, sentence: list[int], finished: list[_Finished],
-            eos: int, alpha: float) -> tuple[Tensor, Tensor]:
+            eos: int, alpha: float, stop: str) -> tuple[Tensor, Tensor]:
     """Record the hypotheses this step finished (host work, only on a step with events); the slots'
     new `worst` and the sentences now done."""
     worst = slots.worst
@@ -306,7 +312,12 @@ def _finish(advance: Advance, slots: Slots, length: int, sentence: list[int], fi
             hyp = Hypothesis(ids + ([] if token == eos else [token]), score,
                              length_normalized(score, length, alpha), finished=token == eos)
             worst[slot] = finished[sentence[slot]].add(hyp)
-    return worst, advance.done | (slots.live & (advance.bound <= worst))
+            finished[sentence[slot]].top |= c == 0                           # the step's best candidate ended
+    done = advance.done | (slots.live & (advance.bound <= worst))
+    if stop == "top":                                                        # and n hypotheses are in
+        top = torch.tensor([s >= 0 and finished[s].top for s in sentence], device=worst.device)
+        done = done | (slots.live & top & (worst > -math.inf))
+    return worst, done
 
 
 def _kept(slots: Slots, keep: Tensor, live: Tensor, K: int) -> tuple[Slots, Tensor]:
@@ -321,8 +332,9 @@ def _kept(slots: Slots, keep: Tensor, live: Tensor, K: int) -> tuple[Slots, Tens
 @torch.no_grad()
 def generate(model, src: Tensor, search: Search, src_pad: Tensor | None = None,
              alpha: float = DEFAULT_ALPHA, max_len: int | Tensor | None = None,
-             n_best: int = 1) -> list[list[Hypothesis]]:
-    """The n_best hypotheses of each sentence of a batch, best first (n_best <= the beam).
+             n_best: int = 1, stop: str = DEFAULT_STOP) -> list[list[Hypothesis]]:
+    """The n_best hypotheses of each sentence of a batch, best first (n_best <= the beam); `stop` one of
+    STOP_RULES.
 
     `model` is anything with the decoding API: cfg, and either `start(src, src_pad, search)`
     (a run with `capacity`, `step` and `keep`: inference.StaticDecoder) or encode, new_cache and decode_step
@@ -333,6 +345,8 @@ def generate(model, src: Tensor, search: Search, src_pad: Tensor | None = None,
     K = search.beam
     if not 1 <= n_best <= K:
         raise ValueError(f"n_best must be in [1, beam={K}], got {n_best}")
+    if stop not in STOP_RULES:
+        raise ValueError(f"stop must be one of {', '.join(STOP_RULES)}, got {stop!r}")
     cfg = model.cfg
     src_pad = src == cfg.pad_id if src_pad is None else src_pad
     n = src.size(0)
@@ -353,7 +367,7 @@ def generate(model, src: Tensor, search: Search, src_pad: Tensor | None = None,
         if not advance.events.item():                                        # nothing ended: the beams go on
             slots = Slots(advance.tokens, advance.scores, slots.limits, slots.live, slots.worst, advance.history)
             continue
-        worst, done = _finish(advance, slots, length, sentence, finished, cfg.eos_id, alpha)
+        worst, done = _finish(advance, slots, length, sentence, finished, cfg.eos_id, alpha, stop)
         live = slots.live & ~done
         slots = Slots(advance.tokens, advance.scores, slots.limits, live, worst, advance.history)
         alive = int(live.sum())

@@ -15,7 +15,7 @@ from ..inference.compiler import compile_mode
 from ..inference.precision import precision_of
 from ..inference.static import StaticDecoder, unsupported
 from ..model import Transformer
-from .search import DEFAULT_ALPHA, generate, strategy
+from .search import DEFAULT_ALPHA, DEFAULT_STOP, generate, strategy
 
 
 def _fast(model):
@@ -40,6 +40,7 @@ class Translator:
         self.device = torch.device(device)
         self.batch_size = batch_size
         self.compile, self.notes = compile, notes
+        self.stop = DEFAULT_STOP                                             # decoding/search.py STOP_RULES
         self._static: tuple[object, StaticDecoder] | None = None            # (model, its compiled step)
 
     @classmethod
@@ -98,7 +99,7 @@ class Translator:
                 src = pad_sequence([torch.tensor(sources[i], dtype=torch.long) for i in chunk], batch_first=True,
                                    padding_value=pad_id).to(self.device)     # (batch, longest)
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
-                    hyps = generate(decoder, src, search, alpha=alpha, max_len=max_length)
+                    hyps = generate(decoder, src, search, alpha=alpha, max_len=max_length, stop=self.stop)
                 for i, h in zip(chunk, hyps, strict=True):
                     out[i] = h[0].tokens
         return out
