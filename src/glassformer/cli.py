@@ -23,10 +23,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("glassformer.lesson.commands", "check every claim of the lesson (A1...G2), one row each"),
     "train": ("glassformer.training.commands", "train the Chinese->English translator"),
     "translate": ("glassformer.decoding.commands", "translate Chinese sentences (arguments or stdin)"),
-    "evaluate": ("glassformer.decoding.commands", "sacreBLEU BLEU and chrF of a model on a split"),
+    "evaluate": ("glassformer.interpret.evaluation", "sacreBLEU BLEU and chrF of a model on a split (--source-share)"),
     "explain": ("glassformer.interpret.explain", "the lesson's walk in numbers for one sentence"),
     "patch": ("glassformer.interpret.patching", "activation patching: which heads and positions carry 他 to `him`"),
     "attribute": ("glassformer.interpret.why", "why him: attribution to source and target prefix, the logit lens"),
+    "hallucination": ("glassformer.interpret.hallucination", "the hallucination signal: source share of right vs "
+                      "wrong targets (ROC AUC)"),
     "align": ("glassformer.interpret.align", "word alignments source unit ↔ target word; AER against gold links"),
     "lab": ("glassformer.lab.commands", "the browser lab: follow one token through the Transformer"),
     "import": ("glassformer.interop.importer", "a Hugging Face Marian folder (OPUS-MT) as a run folder"),
