@@ -168,8 +168,12 @@ class Glassformer:
 
 
 def _fast(model):
-    """glassformer's fast float32 decoder: the speed layer's prepared model (StepDecoder where it is older)."""
+    """glassformer's eager float32 decoder, as `translate --compile off` runs it: the static step where the model
+    allows it, else the prepared copy (older trees: their own fast decoder)."""
     from glassformer import inference
+    from glassformer.inference import static
+    if hasattr(static, "SourceStep") and static.unsupported(model) is None:
+        return static.StaticDecoder(model)
     return inference.prepare(model) if hasattr(inference, "prepare") else inference.StepDecoder(model)
 
 

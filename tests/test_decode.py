@@ -330,7 +330,7 @@ def test_top_n_equals_topk(vocab, n):
     """The two-pass top n (block maxima, then the best blocks' values) gives torch.topk's values and ids,
     also when the n best share one block, when the vocabulary is not a multiple of the block, and for a row
     with fewer than n finite values."""
-    from glassformer.decoding.search import TOP_BLOCK, top_n
+    from glassformer.decoding.candidates import TOP_BLOCK, top_n
 
     g = torch.Generator().manual_seed(vocab + n)
     x = torch.randn(9, vocab, generator=g)

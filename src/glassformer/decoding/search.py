@@ -34,8 +34,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
+
+from .candidates import top_log_probabilities
 
 LENGTH_A, LENGTH_B = 2.0, 10      # output limit: a * source_len + b tokens
 DEFAULT_ALPHA = 1.0               # length penalty exponent (chosen on dev, docs/translator.md)
@@ -129,23 +130,28 @@ class Search:
         best, tokens, parents = self.step(log_probs.view(*scores.shape, -1), tokens.view(*scores.shape, -1), scores)
         n, C = best.shape                                                   # (slots, C) ranked, best first
         K = scores.size(1)
-        rank = torch.arange(C, device=best.device)                          # (C,)
         valid = best > -math.inf
         at_limit = length >= limits                                         # (slots,)
         ends = (tokens == eos) | at_limit[:, None]                          # (slots, C)
-        ended = ends & valid & (rank < K) & live[:, None]                   # only the top K may finish
         stays = ~ends & valid
-        if C == 1:                                                          # greedy: the one candidate
-            order = torch.zeros_like(tokens)
-        else:                                                               # (slots, K): those that stay, best first
-            order = torch.where(stays, rank, rank + C).topk(K, dim=1, largest=False).indices
-        kept = stays.gather(1, order)
-        new_scores = torch.where(kept, best.gather(1, order), -math.inf)    # (slots, K)
-        new = tokens.gather(1, order).reshape(-1)                           # (slots*K,)
-        rows = (torch.arange(n, device=best.device)[:, None] * K + parents.gather(1, order)).reshape(-1)
-        history = history.index_select(0, rows).index_copy(1, (length - 1).view(1), new[:, None])
-        bound = best_possible(new_scores, length, limits[:, None], alpha).amax(dim=1)   # (slots,)
-        done = live & (at_limit | ~kept.any(dim=1) | (bound <= worst))
+        if C == 1:                                                          # greedy: one candidate; it stays or ends
+            ended = ends & valid & live[:, None]                            # the sentence (it has no other beam)
+            new_scores = torch.where(stays, best, -math.inf)                # (slots, 1)
+            new, rows = tokens.reshape(-1), torch.arange(n, device=best.device)
+            history = history.index_copy(1, (length - 1).view(1), new[:, None])
+            bound = new_scores[:, 0]                                        # while live, nothing finished to beat
+            done = live & ~stays[:, 0]
+        else:
+            rank = torch.arange(C, device=best.device)                      # (C,)
+            ended = ends & valid & (rank < K) & live[:, None]               # only the top K may finish
+            order = torch.where(stays, rank, rank + C).topk(K, dim=1, largest=False).indices   # (slots, K) stay
+            kept = stays.gather(1, order)
+            new_scores = torch.where(kept, best.gather(1, order), -math.inf)    # (slots, K)
+            new = tokens.gather(1, order).reshape(-1)                       # (slots*K,)
+            rows = (torch.arange(n, device=best.device)[:, None] * K + parents.gather(1, order)).reshape(-1)
+            history = history.index_select(0, rows).index_copy(1, (length - 1).view(1), new[:, None])
+            bound = best_possible(new_scores, length, limits[:, None], alpha).amax(dim=1)   # (slots,)
+            done = live & (at_limit | ~kept.any(dim=1) | (bound <= worst))
         return new, rows, new_scores, history, best, tokens, parents, ended, bound, done, ended.any() | done.any()
 
 
@@ -182,43 +188,6 @@ class BeamSearch(Search):
 def strategy(beam: int) -> Greedy | BeamSearch:
     """Greedy for beam 1, beam search otherwise."""
     return Greedy() if beam == 1 else BeamSearch(beam)
-
-
-def top_log_probabilities(logits: Tensor, pad_id: int, n: int) -> tuple[Tensor, Tensor]:
-    """The n most probable next tokens of each row (PAD never among them) and their log-probabilities in
-    float64: logit - logsumexp(logits), the exponentials in the logits' own precision (at least float32),
-    summed in float64. logits (rows, vocab) -> (rows, n) float64, (rows, n) ids."""
-    x = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
-    top = x.max(dim=-1, keepdim=True).values                               # (rows, 1)
-    lse = top.double() + torch.exp(x - top).double().sum(dim=-1, keepdim=True).log()   # (rows, 1) float64
-    index = torch.arange(x.size(-1), device=x.device, dtype=x.dtype)       # (vocab,) token ids as numbers
-    allowed = torch.where(index == pad_id, -math.inf, x)                   # (rows, vocab)
-    if n == 1:                                                             # the best: its value, then its first id
-        best = allowed.amax(dim=-1, keepdim=True)                          # (two plain reductions, which vectorize
-        tokens = torch.where(allowed == best, index, x.size(-1)).amin(dim=-1, keepdim=True).long()   # unlike max)
-    else:
-        best, tokens = top_n(allowed, n)                                   # (rows, n)
-    return best.double() - lse, tokens
-
-
-TOP_BLOCK = 32                    # top_n: the vocabulary read in blocks of this many ids
-
-
-def top_n(x: Tensor, n: int) -> tuple[Tensor, Tensor]:
-    """The n largest values of each row of x (rows, vocab), best first, and their ids: torch.topk's answer
-    (up to the order of equal values), in two cheaper passes when the vocabulary is large. The n best of a
-    row lie in the n blocks of TOP_BLOCK ids whose maxima are largest (any other block's best is beaten by
-    n blocks, so by n values), so: the block maxima (one vectorised reduction), the n best blocks, then the
-    n best of their n x TOP_BLOCK values."""
-    rows, vocab = x.shape
-    if vocab < 4 * n * TOP_BLOCK:
-        return x.topk(min(n, vocab))
-    blocks = -(-vocab // TOP_BLOCK)
-    tiled = F.pad(x, (0, blocks * TOP_BLOCK - vocab), value=-math.inf).view(rows, blocks, TOP_BLOCK)
-    chosen = tiled.amax(dim=-1).topk(n).indices                           # (rows, n) the best blocks
-    inside = tiled.gather(1, chosen[:, :, None].expand(-1, -1, TOP_BLOCK)).view(rows, n * TOP_BLOCK)
-    best, at = inside.topk(n)                                             # (rows, n) of n x TOP_BLOCK values
-    return best, chosen.gather(1, at // TOP_BLOCK) * TOP_BLOCK + at % TOP_BLOCK
 
 
 # ---- finished hypotheses ------------------------------------------------------------------

@@ -28,7 +28,7 @@ def _fast(model):
 class Translator:
     """Chinese text in, English text out: segmentation, length checks, batched decoding, detokenization.
 
-    compile: "off" (the prepared copy, eagerly), "on" or "auto" (the compiled static step of
+    compile: "off" (the static step eagerly), "on" or "auto" (the compiled static step of
     inference/static.py for a float32 Transformer on the CPU; auto: when a C++ compiler is found and the
     step is already built for this model, or the job has more than AUTO_MIN_SENTENCES sentences,
     inference/compiler.py). `notes` hears one-line remarks (the CLI: stderr)."""
@@ -105,20 +105,24 @@ class Translator:
         return out
 
     def _decoder(self, sentences: int, search):
-        """What decodes `sentences` sentences with `search`: the compiled static step (its weights copied at
-        its first use and kept while the model is the same object: a model still training decodes with compile
-        off), or `_fast(model)`."""
+        """What decodes `sentences` sentences with `search`: for a float32 Transformer on the CPU the static
+        step, compiled (its weights copied at its first use and kept while the model is the same object: a
+        model still training decodes with compile off) or eagerly (copied now); for anything else
+        `_fast(model)`."""
         model = self.model
-        if (self.compile == "off" or self.device.type != "cpu" or not isinstance(model, Transformer)
-                or precision_of(model) != "float32" or unsupported(model)):
+        if (self.device.type != "cpu" or not isinstance(model, Transformer) or precision_of(model) != "float32"
+                or unsupported(model)):
             return _fast(model)
-        if self._static is None or self._static[0] is not model:
-            self._static = (model, StaticDecoder(model, compiled=True, notes=self._note))
-        static = self._static[1]
-        on, note = compile_mode(self.compile, sentences, cached=static.built(search))
-        if note:
-            self._note(note)
-        return static if on else _fast(model)
+        if self.compile != "off":
+            if self._static is None or self._static[0] is not model:
+                self._static = (model, StaticDecoder(model, compiled=True, notes=self._note))
+            static = self._static[1]
+            on, note = compile_mode(self.compile, sentences, cached=static.built(search))
+            if note:
+                self._note(note)
+            if on:
+                return static
+        return StaticDecoder(model)                                          # the same step, eagerly
 
     def _note(self, line: str) -> None:
         if self.notes is not None:

@@ -1,0 +1,56 @@
+"""Which tokens a beam can continue with: each row's n most probable next tokens and their log-probabilities,
+without a table of scores over the vocabulary for every beam (decoding/search.py ranks them).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def top_log_probabilities(logits: Tensor, pad_id: int, n: int) -> tuple[Tensor, Tensor]:
+    """The n most probable next tokens of each row (PAD never among them) and their float64 log-probabilities
+    logit - logsumexp(logits). logits (rows, vocab) -> (rows, n) float64, (rows, n) ids.
+
+    Eagerly: torch's float64 log-softmax, then the best (one kernel each). Traced for a compiled step, where
+    a kernel of its own is generated for what follows the products: the exponentials in the logits' precision
+    summed in float64, and the best by plain reductions (its value, then its first id), which vectorise
+    where a max with indices does not. The two agree to float rounding (tests/test_compiled.py)."""
+    x = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+    if not torch.compiler.is_compiling():
+        log_probs = F.log_softmax(x.double(), dim=-1)
+        log_probs[:, pad_id] = -math.inf                                   # the others keep their values
+        return log_probs.max(dim=-1, keepdim=True) if n == 1 else top_n(log_probs, n)
+    top = x.max(dim=-1, keepdim=True).values                               # (rows, 1)
+    lse = top.double() + torch.exp(x - top).double().sum(dim=-1, keepdim=True).log()   # (rows, 1) float64
+    index = torch.arange(x.size(-1), device=x.device, dtype=x.dtype)       # (vocab,) token ids as numbers
+    allowed = torch.where(index == pad_id, -math.inf, x)                   # (rows, vocab)
+    if n == 1:
+        best = allowed.amax(dim=-1, keepdim=True)
+        tokens = torch.where(allowed == best, index, x.size(-1)).amin(dim=-1, keepdim=True).long()
+    else:
+        best, tokens = top_n(allowed, n)                                   # (rows, n)
+    return best.double() - lse, tokens
+
+
+TOP_BLOCK = 32                    # top_n: the vocabulary read in blocks of this many ids
+
+
+def top_n(x: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """The n largest values of each row of x (rows, vocab), best first, and their ids: torch.topk's answer
+    (up to the order of equal values), in two cheaper passes when the vocabulary is large. The n best of a
+    row lie in the n blocks of TOP_BLOCK ids whose maxima are largest (any other block's best is beaten by
+    n blocks, so by n values), so: the block maxima (one vectorised reduction), the n best blocks, then the
+    n best of their n x TOP_BLOCK values."""
+    rows, vocab = x.shape
+    if vocab < 4 * n * TOP_BLOCK:
+        return x.topk(min(n, vocab))
+    blocks = -(-vocab // TOP_BLOCK)
+    tiled = F.pad(x, (0, blocks * TOP_BLOCK - vocab), value=-math.inf).view(rows, blocks, TOP_BLOCK)
+    chosen = tiled.amax(dim=-1).topk(n).indices                           # (rows, n) the best blocks
+    inside = tiled.gather(1, chosen[:, :, None].expand(-1, -1, TOP_BLOCK)).view(rows, n * TOP_BLOCK)
+    best, at = inside.topk(n)                                             # (rows, n) of n x TOP_BLOCK values
+    return best, chosen.gather(1, at // TOP_BLOCK) * TOP_BLOCK + at % TOP_BLOCK
