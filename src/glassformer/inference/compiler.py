@@ -16,8 +16,9 @@ so a changed model, program or machine builds a new one and never loads a stale 
 
 This is the one place that calls AOTInductor (`torch._inductor.aoti_compile_and_package` and
 `aoti_load_package`, its documented entry points: https://pytorch.org/docs/stable/torch.compiler_aot_inductor.html),
-and the one place that reaches past them: a loaded package is run through its `loader` with a list of
-tensors (`Package`), not through its generic __call__.
+and the one place that reaches past them: a package is loaded by the C++ loader `aoti_load_package` itself
+builds (`torch._C._aoti.AOTIModelPackageLoader`, so a cached start does not import inductor) and run through
+it with one list of tensors (`Package`), not through the generic __call__.
 Training's `--compile` uses torch.compile and shares the compiler detection and the cache folder.
 """
 
@@ -140,7 +141,7 @@ def compiled(module: nn.Module, example: tuple, dynamic: tuple, facts: dict,
                 torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
             os.replace(partial, path)                                       # whole or absent, never half-written
             _note(notes, f"--compile: built in {time.perf_counter() - began:.1f} s")
-        return Package(torch._inductor.aoti_load_package(str(path)))
+        return Package(path)
     except Exception as error:                                              # compiler missing or failing
         first = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
         _note(notes, f"compiling the decoding step failed ({type(error).__name__}: {first}); decoding eagerly")
@@ -152,8 +153,12 @@ class Package:
     tuple of tensors out): its runner takes one list of tensors. (The package's own __call__ does this with
     torch's generic tree code, reading its specs anew at every call: at batch 1 that was a fifth of a step.)"""
 
-    def __init__(self, compiled) -> None:
-        self.runner = compiled.loader
+    def __init__(self, path: Path) -> None:
+        loader = getattr(getattr(torch._C, "_aoti", None), "AOTIModelPackageLoader", None)
+        if loader is not None:                           # what aoti_load_package builds, without importing
+            self.runner = loader(str(path), "model", False, 1, -1)   # inductor (1.5 s of a cached start)
+        else:
+            self.runner = torch._inductor.aoti_load_package(str(path)).loader
 
     def __call__(self, *inputs) -> tuple:
         flat = [t for x in inputs for t in (x if isinstance(x, (list, tuple)) else (x,))]

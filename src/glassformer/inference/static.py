@@ -75,6 +75,8 @@ class SourceStep(nn.Module):
     def __init__(self, model: Transformer) -> None:
         super().__init__()
         self.embed, self.encoder = model.src_embed, model.encoder
+        if self.embed.sinusoidal:                                            # its table cached before any tracing
+            self.embed.position_table(torch.float32, self.embed.token.weight.device)
         self.cross = nn.ModuleList(layer.cross_attention for layer in model.decoder.layers)
 
     def forward(self, src: Tensor, src_pad: Tensor, index: Tensor) -> tuple[Tensor, ...]:
