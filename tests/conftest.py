@@ -42,3 +42,31 @@ def _seed_and_one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(1)
+
+
+def _train_tiny(tmp_path_factory, *extra: str):
+    """A run folder of the tiny preset (seconds on a CPU), trained with `extra` flags."""
+    import argparse
+
+    from glassformer.training.commands import add_train_arguments
+    from glassformer.training.loop import train
+
+    out = tmp_path_factory.mktemp("tiny") / "run"
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    args = parser.parse_args(["--preset", "tiny", *extra, "--no-eval", "--quiet", "--threads", "1", "--out", str(out)])
+    assert train(args) == 0
+    torch.set_num_threads(1)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """The tiny preset trained in full (about 15 s), shared by the tests that need trained weights."""
+    return _train_tiny(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def short_tiny_run(tmp_path_factory):
+    """The tiny preset on 120 pairs for 2 epochs (a few seconds)."""
+    return _train_tiny(tmp_path_factory, "--limit", "120", "--epochs", "2")

@@ -5,7 +5,6 @@ one-line errors."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -34,18 +33,9 @@ FAST = ["--steps", "8"]                                                 # integr
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> tuple[Path, Translator]:
-    from glassformer.training.commands import add_train_arguments
-    from glassformer.training.loop import train
-
-    out = tmp_path_factory.mktemp("tiny") / "run"
-    parser = argparse.ArgumentParser()
-    add_train_arguments(parser)
-    args = parser.parse_args(["--preset", "tiny", "--limit", "120", "--epochs", "2", "--no-eval", "--quiet",
-                              "--threads", "1", "--out", str(out)])
-    assert train(args) == 0
-    torch.set_num_threads(1)
-    return out, Translator.load(out)
+def run(short_tiny_run) -> tuple[Path, Translator]:
+    """The tiny preset on 120 pairs (conftest.py)."""
+    return short_tiny_run, Translator.load(short_tiny_run)
 
 
 def _json(capsys, argv) -> dict:

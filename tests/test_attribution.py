@@ -290,21 +290,11 @@ LESSON, TARGET = "我昨天给了他一本书。", "I gave him a book yesterday.
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A run of the tiny preset (about 15 s): trained weights make the path integrand kinked."""
-    import argparse
-
+def trained(tiny_run):
+    """A run of the tiny preset (conftest.py): trained weights make the path integrand kinked."""
     from glassformer.decoding.translator import Translator
-    from glassformer.training.commands import add_train_arguments
-    from glassformer.training.loop import train
 
-    out = tmp_path_factory.mktemp("tiny") / "run"
-    parser = argparse.ArgumentParser()
-    add_train_arguments(parser)
-    args = parser.parse_args(["--preset", "tiny", "--no-eval", "--quiet", "--threads", "1", "--out", str(out)])
-    assert train(args) == 0
-    torch.set_num_threads(1)
-    return out, Translator.load(out)
+    return tiny_run, Translator.load(tiny_run)
 
 
 def _independent_delta(t, row: int, label: int) -> float:

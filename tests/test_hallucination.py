@@ -3,7 +3,6 @@ shares on a tiny trained model, and `glassformer hallucination` (its JSON and it
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import random
@@ -99,19 +98,11 @@ def test_roc_auc_equals_the_pairwise_count():
 # ---- on a tiny trained model ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A run of the tiny preset (about 15 s)."""
+def trained(tiny_run):
+    """A run of the tiny preset (conftest.py)."""
     from glassformer.decoding.translator import Translator
-    from glassformer.training.commands import add_train_arguments
-    from glassformer.training.loop import train
 
-    out = tmp_path_factory.mktemp("tiny") / "run"
-    parser = argparse.ArgumentParser()
-    add_train_arguments(parser)
-    args = parser.parse_args(["--preset", "tiny", "--no-eval", "--quiet", "--threads", "1", "--out", str(out)])
-    assert train(args) == 0
-    torch.set_num_threads(1)
-    return out, Translator.load(out)
+    return tiny_run, Translator.load(tiny_run)
 
 
 def test_shares_on_the_tiny_model_are_proportions_and_the_aucs_in_range(trained):

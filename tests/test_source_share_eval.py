@@ -5,11 +5,9 @@ cli.py points there itself)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
-import torch
 
 from glassformer import cli
 
@@ -17,18 +15,9 @@ SPLIT = ["--split", "everyday", "--compile", "off"]     # 20 sentences
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from glassformer.training.commands import add_train_arguments
-    from glassformer.training.loop import train
-
-    out = tmp_path_factory.mktemp("tiny") / "run"
-    parser = argparse.ArgumentParser()
-    add_train_arguments(parser)
-    args = parser.parse_args(["--preset", "tiny", "--limit", "120", "--epochs", "2", "--no-eval", "--quiet",
-                              "--threads", "1", "--out", str(out)])
-    assert train(args) == 0
-    torch.set_num_threads(1)
-    return out
+def model_dir(short_tiny_run):
+    """The tiny preset on 120 pairs (conftest.py)."""
+    return short_tiny_run
 
 
 @pytest.fixture
