@@ -121,12 +121,12 @@ def _fingerprint(module: nn.Module, facts: dict) -> str:
 
 
 def compiled(module: nn.Module, example: tuple, dynamic: tuple, facts: dict,
-             notes: Callable[[str], None] | None = None) -> Callable:
+             notes: Callable[[str], None] | None = None, path: Path | None = None) -> Callable:
     """`module` (whose forward returns a flat tuple of tensors) as a compiled package, built now by tracing
     it on `example` inputs with the symbolic sizes `dynamic` (torch.export's dynamic_shapes), or loaded from
-    the cache folder; should building or loading fail (no working C++ toolchain), `module` itself and one
-    note."""
-    path = package_path(module, facts)
+    the cache folder (at `path`, when the caller has it: `package_path` hashes every weight); should building
+    or loading fail (no working C++ toolchain), `module` itself and one note."""
+    path = package_path(module, facts) if path is None else path
     try:
         if not path.exists():
             what = "the decoding step's source side" if facts["kind"] == "source" else \

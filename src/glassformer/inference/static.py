@@ -122,8 +122,7 @@ class StepGraph(nn.Module):
 
 
 class StaticDecoder:
-    """The decoding API `generate` runs (cfg, encode, start): SourceStep once per batch, then the static
-    step. `encode` is the model's own (for callers that want H).
+    """The decoding API `generate` runs (cfg, start): SourceStep once per batch, then the static step.
 
     compiled: SourceStep and the step of each strategy (one per beam size) run as packages compiled ahead
     of time, built on first use and kept on disk (compiler.py), else eagerly; either way the same numbers
@@ -141,10 +140,8 @@ class StaticDecoder:
         self.compiled, self.notes = compiled, notes
         self.positions = tuple(torch.tensor(i) for i in range(self.cfg.max_len))   # 0-dim: a step's `pos`
         self._parts: dict[str, Callable] = {}
+        self._paths: dict[str, Path] = {}                                    # part name -> its package
         self.compile_seconds: dict[str, float] = {}                          # "source" / "beam K" -> seconds
-
-    def encode(self, src: Tensor, src_pad: Tensor) -> Tensor:
-        return self.model.encode(src, src_pad)
 
     def start(self, src: Tensor, src_pad: Tensor, search) -> StaticRun:
         """A run for the sentences `src` (sent, src) with K = search.beam beams each."""
@@ -152,8 +149,14 @@ class StaticDecoder:
 
     def packages(self, search) -> list[Path]:
         """Where the packages this strategy runs on are kept (compiler.py): the source side's, the step's."""
-        return [package_path(SourceStep(self.model), self._facts("source")),
-                package_path(StepGraph(self.weights, search), self._facts("step", search))]
+        return [self._path("source", lambda: SourceStep(self.model)),
+                self._path(f"beam {search.beam}", lambda: StepGraph(self.weights, search), search)]
+
+    def _path(self, name: str, make: Callable[[], nn.Module], search=None) -> Path:
+        """A part's package path, worked out once per decoder (it hashes every weight)."""
+        if name not in self._paths:
+            self._paths[name] = package_path(make(), self._facts("source" if search is None else "step", search))
+        return self._paths[name]
 
     def built(self, search) -> bool:
         """Whether the packages this strategy runs on are already in the cache folder."""
@@ -169,7 +172,7 @@ class StaticDecoder:
                 kind = "source" if search is None else "step"
                 example = _example(inputs, kind, 1 if search is None else search.beam)
                 built = compiled(part, example, dynamic_shapes(example, kind, self.cfg.max_len, search),
-                                 self._facts(kind, search), self.notes)
+                                 self._facts(kind, search), self.notes, self._path(name, lambda: part, search))
                 self.compiled = built is not part                            # failed once: eager from now on
                 part = built
                 self.compile_seconds[name] = time.perf_counter() - began
