@@ -13,7 +13,8 @@ import torch
 
 from glassformer.decoding.search import BeamSearch, Greedy, generate
 from glassformer.inference import compiler, prepare
-from glassformer.inference.static import SENTENCE_BUCKETS, StaticDecoder, StepGraph, bucket, unsupported
+from glassformer.inference.static import (SENTENCE_BUCKETS, StaticDecoder, StepGraph, bucket, step_name,
+                                          unsupported)
 from glassformer.model import Transformer
 from glassformer.model.config import ModelConfig
 
@@ -178,7 +179,7 @@ def test_compiled_step_gives_the_eager_tokens_and_a_second_run_builds_nothing(pa
         for src in (sources(batch=7), sources(batch=1)):
             _same(generate(step, src, search, max_len=20, n_best=search.beam),
                   generate(model, src, search, max_len=20, n_best=search.beam))
-    assert sorted(step.compile_seconds) == ["beam 1", "beam 2", "source"], step.compile_seconds
+    assert sorted(step.compile_seconds) == sorted(["beam 1", step_name(BeamSearch(2)), "source"]), step.compile_seconds
     assert sum("building" in n for n in notes) == 3, notes
     assert not any("failed" in n for n in notes), notes
     again: list[str] = []
@@ -221,3 +222,18 @@ def test_buffers_grow_past_their_first_size():
     src = sources(batch=2)
     limit = min(model.cfg.max_len, 2 * static.SELF_STEP + 5)
     _same(generate(StaticDecoder(model), src, Greedy(), max_len=limit), generate(model, src, Greedy(), max_len=limit))
+
+
+def test_a_beam_package_is_built_for_the_threads_decoding_runs_on_and_greedy_for_one():
+    """Beams: one package per thread count (its loops are generated for them), named apart; greedy: one
+    package whatever the thread count."""
+    from glassformer.inference.threads import use_threads
+
+    decoder = StaticDecoder(tiny())
+    with use_threads(1):
+        one = [decoder.packages(s)[1] for s in (Greedy(), BeamSearch(2))]
+        assert step_name(BeamSearch(2)) == "beam 2"
+    with use_threads(2):
+        two = [decoder.packages(s)[1] for s in (Greedy(), BeamSearch(2))]
+        assert step_name(BeamSearch(2)) == "beam 2 on 2 threads" and step_name(Greedy()) == "beam 1"
+    assert one[0] == two[0] and one[1] != two[1]

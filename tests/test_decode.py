@@ -347,6 +347,34 @@ def test_top_n_equals_topk(vocab, n):
     assert (vocab >= 4 * n * TOP_BLOCK) == (vocab != 200)                    # both branches are tested
 
 
+@pytest.mark.parametrize("traced", [False, True])
+@pytest.mark.parametrize("vocab", [4000, 1100, 200])
+def test_best_continuations_are_the_best_of_every_beam_and_token(monkeypatch, vocab, traced):
+    """Each sentence's 2K best of score + log_softmax(logits) over all its beams and tokens, PAD never: against
+    a brute-force sort of the whole (K x vocab) table in float64; with the best continuations all in one beam,
+    in one block, a dead beam (score -inf) and the form a compiled step traces (run here eagerly)."""
+    from glassformer.decoding.candidates import best_continuations
+
+    if traced:
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    g = torch.Generator().manual_seed(vocab)
+    sent, K, pad = 3, 4, 0
+    logits = torch.randn(sent * K, vocab, generator=g) * 3
+    logits[0, pad] = 100.0                                                   # PAD, the best logit: never chosen
+    logits[5, 40:48] = 30.0 + torch.arange(8.0) / 8                          # sentence 1: all 8 best in beam 1
+    scores = -torch.rand(sent, K, generator=g, dtype=torch.float64) * 5
+    scores[1] = torch.tensor([-20.0, 0.0, -20.0, -20.0], dtype=torch.float64)  # (beam 1 far ahead)
+    scores[2, 1:] = -math.inf                                                # sentence 2: one live beam
+    best, tokens, parents = best_continuations(logits, scores, pad, 2 * K)
+    table = scores[:, :, None] + torch.log_softmax(logits.double(), dim=-1).view(sent, K, vocab)
+    table[:, :, pad] = -math.inf
+    want, at = table.view(sent, -1).topk(2 * K)
+    assert torch.allclose(best, want, rtol=0, atol=1e-5 if traced else 1e-12)   # traced: float32 exponentials
+    assert torch.equal(tokens, at % vocab) and torch.equal(parents, at // vocab)
+    assert parents[1].tolist() == [1] * 8 and tokens[1].tolist() == list(range(47, 39, -1))
+    assert (parents[2] == 0).all() and (tokens != pad).all()
+
+
 def test_stop_top_ends_when_a_steps_best_candidate_finishes_and_can_cut_a_better_beam():
     """stop="top" (OpenNMT-py / CTranslate2): EOS is the best candidate of the first step, so the search ends
     there with []; the default bound keeps searching and finds A EOS, better once divided by its length."""

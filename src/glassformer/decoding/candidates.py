@@ -1,5 +1,6 @@
-"""Which tokens a beam can continue with: each row's n most probable next tokens and their log-probabilities,
-without a table of scores over the vocabulary for every beam (decoding/search.py ranks them).
+"""Which tokens a search continues with (decoding/search.py ranks them): greedy, each row's most probable next
+token and its log-probability; beams, each sentence's n best continuations of all its beams together, without
+sorting a table of scores over the vocabulary for every beam.
 """
 
 from __future__ import annotations
@@ -37,6 +38,44 @@ def top_log_probabilities(logits: Tensor, pad_id: int, n: int) -> tuple[Tensor, 
 
 
 TOP_BLOCK = 32                    # top_n: the vocabulary read in blocks of this many ids
+
+
+def best_continuations(logits: Tensor, scores: Tensor, pad_id: int, n: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The n best continuations of each sentence's K beams: score + log p(token), over every beam and token
+    (PAD never), best first. logits (sent*K, vocab), scores (sent, K) float64 -> scores (sent, n) float64,
+    tokens (sent, n), parents (sent, n): the beam in [0, K) each continues.
+
+    Eagerly: torch's float64 log-softmax, the scores added, then `top_n` over each sentence's K x vocab.
+    Traced for a compiled step, the same blocks without the table: a row's log-normaliser (its exponentials
+    summed in float64), its block maxima raised by score - normaliser (a row's own order is its logits'), the
+    n best blocks of the sentence, the n best of their values. The two agree to float rounding
+    (tests/test_compiled.py)."""
+    sent, K = scores.shape
+    x = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+    rows, vocab = x.shape
+    n = min(n, K * vocab)
+    if not torch.compiler.is_compiling():
+        log_probs = F.log_softmax(x.double(), dim=-1)
+        log_probs[:, pad_id] = -math.inf                                   # the others keep their values
+        best, at = top_n((scores.reshape(rows, 1) + log_probs).view(sent, K * vocab), n)   # (sent, n)
+        return best, at % vocab, at // vocab
+    top = x.max(dim=-1, keepdim=True).values                               # (rows, 1)
+    lse = top.double() + torch.exp(x - top).double().sum(dim=-1, keepdim=True).log()   # (rows, 1) float64
+    base = scores.reshape(rows, 1) - lse                                   # (rows, 1): a row's value = base + logit
+    index = torch.arange(vocab, device=x.device, dtype=x.dtype)            # (vocab,) token ids as numbers
+    allowed = torch.where(index == pad_id, -math.inf, x)                   # (rows, vocab)
+    if vocab < 4 * n * TOP_BLOCK:
+        best, at = (base + allowed.double()).view(sent, K * vocab).topk(n)  # (sent, n)
+        return best, at % vocab, at // vocab
+    blocks = -(-vocab // TOP_BLOCK)
+    tiled = F.pad(allowed, (0, blocks * TOP_BLOCK - vocab), value=-math.inf).view(rows, blocks, TOP_BLOCK)
+    chosen = (base + tiled.amax(dim=-1).double()).view(sent, K * blocks).topk(n).indices   # (sent, n) best blocks
+    row = torch.arange(sent, device=x.device)[:, None] * K + chosen // blocks               # (sent, n) their rows
+    picked = tiled.reshape(rows * blocks, TOP_BLOCK).index_select(0, (row * blocks + chosen % blocks).view(-1))
+    values = base.view(rows)[row][:, :, None] + picked.view(sent, n, TOP_BLOCK).double()     # (sent, n, TOP_BLOCK)
+    best, at = values.view(sent, n * TOP_BLOCK).topk(n)                    # (sent, n)
+    block = chosen.gather(1, at // TOP_BLOCK)                              # (sent, n) in [0, K * blocks)
+    return best, (block % blocks) * TOP_BLOCK + at % TOP_BLOCK, block // blocks
 
 
 def top_n(x: Tensor, n: int) -> tuple[Tensor, Tensor]:

@@ -36,7 +36,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .candidates import top_log_probabilities
+from .candidates import best_continuations, top_log_probabilities
 
 LENGTH_A, LENGTH_B = 2.0, 10      # output limit: a * source_len + b tokens
 DEFAULT_ALPHA = 1.0               # length penalty exponent (chosen on dev, docs/translator.md)
@@ -111,14 +111,13 @@ class Advance(NamedTuple):
 class Search:
     """What every strategy shares: `advance`, the split of its ranked candidates into finished and live.
 
-    A strategy ranks continuations of each beam from its `per_row` most probable tokens only: the best
-    continuations of all K beams together are always among them (a beam's own order is the order of its
-    logits), so no (rows, vocab) table of scores is made."""
+    A strategy's `rank` turns next-token logits and the beams' scores into each sentence's candidates, best
+    first (decoding/candidates.py: no sort of a (rows, vocab) table)."""
 
     beam = 1
-    per_row = 1           # candidate tokens taken from each beam's row
 
-    def step(self, log_probs: Tensor, tokens: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def rank(self, logits: Tensor, scores: Tensor, pad: int) -> tuple[Tensor, Tensor, Tensor]:
+        """logits (sent*K, vocab), scores (sent, K) -> candidates' scores, tokens, parents, each (sent, C)."""
         raise NotImplementedError
 
     def advance(self, logits: Tensor, slots: tuple, length: Tensor, alpha: Tensor, pad: int, eos: int) -> tuple:
@@ -126,9 +125,8 @@ class Search:
         (or a plain tuple of its fields) -> the fields of an `Advance`, in its order (a flat tuple of tensors:
         a compiled graph returns it as it is). No host sync."""
         _, scores, limits, live, worst, history = slots
-        log_probs, tokens = top_log_probabilities(logits, pad, self.per_row)  # (slots*K, c) float64, ids
-        best, tokens, parents = self.step(log_probs.view(*scores.shape, -1), tokens.view(*scores.shape, -1), scores)
-        n, C = best.shape                                                   # (slots, C) ranked, best first
+        best, tokens, parents = self.rank(logits, scores, pad)               # (slots, C) ranked, best first
+        n, C = best.shape
         K = scores.size(1)
         valid = best > -math.inf
         at_limit = length >= limits                                         # (slots,)
@@ -159,12 +157,11 @@ class Greedy(Search):
     """The most probable next token of each sentence: one beam, one candidate."""
 
     beam = 1
-    per_row = 1
 
-    def step(self, log_probs: Tensor, tokens: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """log_probs, tokens (sent, 1, 1): each row's best; scores (sent, 1) -> scores, tokens, parents, each
-        (sent, 1)."""
-        return scores + log_probs[:, :, 0], tokens[:, :, 0], torch.zeros_like(tokens[:, :, 0])
+    def rank(self, logits: Tensor, scores: Tensor, pad: int) -> tuple[Tensor, Tensor, Tensor]:
+        """logits (sent, vocab), scores (sent, 1) -> each row's best: score, token, parent (0), each (sent, 1)."""
+        log_probs, tokens = top_log_probabilities(logits, pad, 1)            # (sent, 1) float64, ids
+        return scores + log_probs, tokens, torch.zeros_like(tokens)
 
 
 class BeamSearch(Search):
@@ -174,15 +171,12 @@ class BeamSearch(Search):
     def __init__(self, beam: int) -> None:
         if beam < 1:
             raise ValueError(f"beam must be >= 1, got {beam}")
-        self.beam, self.per_row = beam, 2 * beam
+        self.beam = beam
 
-    def step(self, log_probs: Tensor, tokens: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """log_probs, tokens (sent, K, c): each beam's c best; scores (sent, K) -> scores, tokens, parents
-        (beam index in [0, K)), each (sent, 2K), best first."""
-        n, K, c = log_probs.shape
-        flat = (scores[:, :, None] + log_probs).view(n, K * c)               # (sent, K*c)
-        best, index = flat.topk(min(2 * K, K * c), dim=-1)                   # (sent, 2K)
-        return best, tokens.view(n, K * c).gather(1, index), index // c
+    def rank(self, logits: Tensor, scores: Tensor, pad: int) -> tuple[Tensor, Tensor, Tensor]:
+        """logits (sent*K, vocab), scores (sent, K) -> the 2K best continuations of all K beams: scores, tokens,
+        parents (beam index in [0, K)), each (sent, 2K), best first."""
+        return best_continuations(logits, scores, pad, 2 * self.beam)
 
 
 def strategy(beam: int) -> Greedy | BeamSearch:

@@ -92,8 +92,8 @@ class Translator:
         if not order:
             return out
         search, pad_id = strategy(beam), self.model.cfg.pad_id
-        decoder = self._decoder(len(order), search)
         with use_threads(decoding_threads(min(len(order), self.batch_size) * beam)):
+            decoder = self._decoder(len(order), search)                      # (a beam package is per thread count)
             for start in range(0, len(order), self.batch_size):
                 chunk = order[start: start + self.batch_size]
                 src = pad_sequence([torch.tensor(sources[i], dtype=torch.long) for i in chunk], batch_first=True,

@@ -43,8 +43,9 @@ COMPILE_MODES = ("auto", "on", "off")
 AUTO_MIN_SENTENCES = 100       # auto: build a package only for jobs long enough to win its build back
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 PACKAGES = "packages"          # below the cache folder: one .pt2 per model and beam size
-BUILD_THREADS = 1              # the package's own loops are generated for this many threads (its products
-                               # run on torch's threads of the moment): one, so a batch-1 step wakes no thread
+BUILD_THREADS = 1              # the package's own loops are generated for this many threads (its products run
+                               # on torch's threads of the moment) unless facts["threads"] says otherwise: one,
+                               # so a batch-1 step enters no parallel region (static.py: beams build for theirs)
 
 
 def cxx_compiler() -> str | None:
@@ -133,7 +134,7 @@ def compiled(module: nn.Module, example: tuple, dynamic: tuple, facts: dict,
                 f"the decoding step for beam {facts.get('beam')}"
             _note(notes, f"--compile: building {what} (once per model; later runs load it from {path.parent})")
             began = time.perf_counter()
-            with torch.no_grad(), warnings.catch_warnings(), use_threads(BUILD_THREADS):
+            with torch.no_grad(), warnings.catch_warnings(), use_threads(facts.get("threads", BUILD_THREADS)):
                 warnings.simplefilter("ignore", FutureWarning)              # torch's own deprecations while tracing
                 program = torch.export.export(module, example, dynamic_shapes=dynamic)
                 path.parent.mkdir(parents=True, exist_ok=True)

@@ -141,7 +141,7 @@ class StaticDecoder:
         self.positions = tuple(torch.tensor(i) for i in range(self.cfg.max_len))   # 0-dim: a step's `pos`
         self._parts: dict[str, Callable] = {}
         self._paths: dict[str, Path] = {}                                    # part name -> its package
-        self.compile_seconds: dict[str, float] = {}                          # "source" / "beam K" -> seconds
+        self.compile_seconds: dict[str, float] = {}                          # "source" / step_name -> seconds
 
     def start(self, src: Tensor, src_pad: Tensor, search) -> StaticRun:
         """A run for the sentences `src` (sent, src) with K = search.beam beams each."""
@@ -150,7 +150,7 @@ class StaticDecoder:
     def packages(self, search) -> list[Path]:
         """Where the packages this strategy runs on are kept (compiler.py): the source side's, the step's."""
         return [self._path("source", lambda: SourceStep(self.model)),
-                self._path(f"beam {search.beam}", lambda: StepGraph(self.weights, search), search)]
+                self._path(step_name(search), lambda: StepGraph(self.weights, search), search)]
 
     def _path(self, name: str, make: Callable[[], nn.Module], search=None) -> Path:
         """A part's package path, worked out once per decoder (it hashes every weight)."""
@@ -163,7 +163,7 @@ class StaticDecoder:
         return all(path.exists() for path in self.packages(search))
 
     def part(self, name: str, make: Callable[[], nn.Module], inputs: tuple, search=None) -> Callable:
-        """SourceStep ("source") or the step of a strategy ("beam K"): compiled on its first call."""
+        """SourceStep ("source") or the step of a strategy (`step_name`): compiled on its first call."""
         part = self._parts.get(name)
         if part is None:
             part = make()
@@ -183,8 +183,23 @@ class StaticDecoder:
         """What a package of `kind` depends on besides its weights and the model and speed-layer code."""
         facts = {"kind": kind, "config": repr(self.cfg)}
         if search is not None:
-            facts.update(search=type(search).__name__, beam=search.beam, code=inspect.getsourcefile(type(search)))
+            facts.update(search=type(search).__name__, beam=search.beam, code=inspect.getsourcefile(type(search)),
+                         threads=step_threads(search))
         return facts
+
+
+def step_threads(search) -> int:
+    """The threads a strategy's step package is built for: greedy for one (its rows are few, or many small
+    sentences: a second thread only waits); beams for the threads decoding runs on now (threads.py), which the
+    package's own loops over every beam's vocabulary then share. A package runs on any thread count; built
+    for two, a beam-4 step of 32 sentences took 0.78x the time of one built for one (docs/performance.md)."""
+    return 1 if search.beam == 1 else torch.get_num_threads()
+
+
+def step_name(search) -> str:
+    """The name of a strategy's step package: "beam K", and the threads it is built for when more than one."""
+    threads = step_threads(search)
+    return f"beam {search.beam}" + ("" if threads == 1 else f" on {threads} threads")
 
 
 def dynamic_shapes(example: tuple, kind: str, max_len: int, search=None) -> tuple:
@@ -258,7 +273,7 @@ class StaticRun:
             self.self_v = [_grown(t, size, pos) for t in self.self_v]
         inputs = (*slots, self.decoder.positions[pos], alpha, self.self_k, self.self_v, self.cross_k, self.cross_v,
                   self.source)
-        step = self.decoder.part(f"beam {self.K}", lambda: StepGraph(self.decoder.weights, self.search), inputs,
+        step = self.decoder.part(step_name(self.search), lambda: StepGraph(self.decoder.weights, self.search), inputs,
                                  self.search)
         out = step(*inputs)                                                  # (generate runs without gradients)
         layers, fields = len(self.self_k), len(out) - 2 * len(self.self_k)
