@@ -13,8 +13,7 @@ import torch
 
 from glassformer.decoding.search import BeamSearch, Greedy, generate
 from glassformer.inference import compiler, prepare
-from glassformer.inference.static import (SENTENCE_BUCKETS, StaticDecoder, StepGraph, bucket, step_name,
-                                          unsupported)
+from glassformer.inference.static import SENTENCE_BUCKETS, StaticDecoder, StepGraph, bucket, step_name, unsupported
 from glassformer.model import Transformer
 from glassformer.model.config import ModelConfig
 
