@@ -6,6 +6,7 @@ eagerly and compiled ahead of time (a package built once, then loaded; a failed 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 import os
 
 import pytest
@@ -236,3 +237,5 @@ def test_a_beam_package_is_built_for_the_threads_decoding_runs_on_and_greedy_for
         two = [decoder.packages(s)[1] for s in (Greedy(), BeamSearch(2))]
         assert step_name(BeamSearch(2)) == "beam 2 on 2 threads" and step_name(Greedy()) == "beam 1"
     assert one[0] == two[0] and one[1] != two[1]
+    code = decoder._facts("step", BeamSearch(2))["code"]                    # what the step traces is hashed
+    assert {Path(c).name for c in code} == {"search.py", "candidates.py"}

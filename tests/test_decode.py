@@ -375,6 +375,25 @@ def test_best_continuations_are_the_best_of_every_beam_and_token(monkeypatch, vo
     assert (parents[2] == 0).all() and (tokens != pad).all()
 
 
+@pytest.mark.parametrize("traced", [False, True])
+def test_most_probable_is_the_best_non_pad_token_and_its_log_probability(monkeypatch, traced):
+    """Greedy's choice, eager and in the form a compiled step traces: argmax over all but PAD (the first of
+    equals), its log_softmax in float64."""
+    from glassformer.decoding.candidates import most_probable
+
+    if traced:
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(1))
+    logits[0, 0] = 50.0                                                      # PAD the best: the next one wins
+    logits[1, 7] = logits[1, 9] = 40.0                                       # equals: the first id
+    log_probs, tokens = most_probable(logits, pad_id=0)
+    want = torch.log_softmax(logits.double(), dim=-1)
+    want[:, 0] = -math.inf
+    assert tokens[:, 0].tolist()[1] == 7 and tokens[0, 0] == want[0].argmax() != 0
+    assert torch.equal(tokens[:, 0], want.argmax(dim=-1))
+    assert torch.allclose(log_probs[:, 0], want.max(dim=-1).values, rtol=0, atol=1e-5 if traced else 1e-12)
+
+
 def test_stop_top_ends_when_a_steps_best_candidate_finishes_and_can_cut_a_better_beam():
     """stop="top" (OpenNMT-py / CTranslate2): EOS is the best candidate of the first step, so the search ends
     there with []; the default bound keeps searching and finds A EOS, better once divided by its length."""

@@ -12,29 +12,32 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def top_log_probabilities(logits: Tensor, pad_id: int, n: int) -> tuple[Tensor, Tensor]:
-    """The n most probable next tokens of each row (PAD never among them) and their float64 log-probabilities
-    logit - logsumexp(logits). logits (rows, vocab) -> (rows, n) float64, (rows, n) ids.
+def most_probable(logits: Tensor, pad_id: int) -> tuple[Tensor, Tensor]:
+    """Each row's most probable next token (never PAD) and its float64 log-probability logit - logsumexp(logits).
+    logits (rows, vocab) -> (rows, 1) float64, (rows, 1) ids.
 
-    Eagerly: torch's float64 log-softmax, then the best (one kernel each). Traced for a compiled step, where
-    a kernel of its own is generated for what follows the products: the exponentials in the logits' precision
-    summed in float64, and the best by plain reductions (its value, then its first id), which vectorise
-    where a max with indices does not. The two agree to float rounding (tests/test_compiled.py)."""
+    Eagerly: torch's float64 log-softmax, then its max (one kernel each). Traced for a compiled step, where a
+    kernel of its own is generated for what follows the products: the exponentials in the logits' precision
+    summed in float64 (`_log_normalizer`), and the best by plain reductions (its value, then its first id),
+    which vectorise where a max with indices does not. The two agree to float rounding (tests/test_compiled.py)."""
     x = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
     if not torch.compiler.is_compiling():
         log_probs = F.log_softmax(x.double(), dim=-1)
         log_probs[:, pad_id] = -math.inf                                   # the others keep their values
-        return log_probs.max(dim=-1, keepdim=True) if n == 1 else top_n(log_probs, n)
+        return log_probs.max(dim=-1, keepdim=True)
+    lse, index, allowed = _log_normalizer(x, pad_id)
+    best = allowed.amax(dim=-1, keepdim=True)                              # (rows, 1)
+    tokens = torch.where(allowed == best, index, x.size(-1)).amin(dim=-1, keepdim=True).long()
+    return best.double() - lse, tokens
+
+
+def _log_normalizer(x: Tensor, pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Traced forms' shared start: logsumexp of each row (rows, 1) float64 (the exponentials in x's precision,
+    summed in float64), the token ids as numbers of x's dtype (vocab,), and x with PAD at -inf (rows, vocab)."""
     top = x.max(dim=-1, keepdim=True).values                               # (rows, 1)
     lse = top.double() + torch.exp(x - top).double().sum(dim=-1, keepdim=True).log()   # (rows, 1) float64
-    index = torch.arange(x.size(-1), device=x.device, dtype=x.dtype)       # (vocab,) token ids as numbers
-    allowed = torch.where(index == pad_id, -math.inf, x)                   # (rows, vocab)
-    if n == 1:
-        best = allowed.amax(dim=-1, keepdim=True)
-        tokens = torch.where(allowed == best, index, x.size(-1)).amin(dim=-1, keepdim=True).long()
-    else:
-        best, tokens = top_n(allowed, n)                                   # (rows, n)
-    return best.double() - lse, tokens
+    index = torch.arange(x.size(-1), device=x.device, dtype=x.dtype)       # (vocab,)
+    return lse, index, torch.where(index == pad_id, -math.inf, x)
 
 
 TOP_BLOCK = 32                    # top_n: the vocabulary read in blocks of this many ids
@@ -59,11 +62,8 @@ def best_continuations(logits: Tensor, scores: Tensor, pad_id: int, n: int) -> t
         log_probs[:, pad_id] = -math.inf                                   # the others keep their values
         best, at = top_n((scores.reshape(rows, 1) + log_probs).view(sent, K * vocab), n)   # (sent, n)
         return best, at % vocab, at // vocab
-    top = x.max(dim=-1, keepdim=True).values                               # (rows, 1)
-    lse = top.double() + torch.exp(x - top).double().sum(dim=-1, keepdim=True).log()   # (rows, 1) float64
+    lse, _, allowed = _log_normalizer(x, pad_id)                           # (rows, 1), _, (rows, vocab)
     base = scores.reshape(rows, 1) - lse                                   # (rows, 1): a row's value = base + logit
-    index = torch.arange(vocab, device=x.device, dtype=x.dtype)            # (vocab,) token ids as numbers
-    allowed = torch.where(index == pad_id, -math.inf, x)                   # (rows, vocab)
     if vocab < 4 * n * TOP_BLOCK:
         best, at = (base + allowed.double()).view(sent, K * vocab).topk(n)  # (sent, n)
         return best, at % vocab, at // vocab

@@ -36,7 +36,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .candidates import best_continuations, top_log_probabilities
+from .candidates import best_continuations, most_probable
 
 LENGTH_A, LENGTH_B = 2.0, 10      # output limit: a * source_len + b tokens
 DEFAULT_ALPHA = 1.0               # length penalty exponent (chosen on dev, docs/translator.md)
@@ -160,7 +160,7 @@ class Greedy(Search):
 
     def rank(self, logits: Tensor, scores: Tensor, pad: int) -> tuple[Tensor, Tensor, Tensor]:
         """logits (sent, vocab), scores (sent, 1) -> each row's best: score, token, parent (0), each (sent, 1)."""
-        log_probs, tokens = top_log_probabilities(logits, pad, 1)            # (sent, 1) float64, ids
+        log_probs, tokens = most_probable(logits, pad)                      # (sent, 1) float64, ids
         return scores + log_probs, tokens, torch.zeros_like(tokens)
 
 

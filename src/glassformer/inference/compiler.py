@@ -105,14 +105,14 @@ def package_path(module: nn.Module, facts: dict) -> Path:
 
 def _fingerprint(module: nn.Module, facts: dict) -> str:
     """A hash of what the compiled code depends on: `facts`, the weights and their names, the code of the
-    model and of this speed layer (and any file named in facts["code"]), torch and the CPU's instructions."""
+    model and of this speed layer (and the files listed in facts["code"]), torch and the CPU's instructions."""
     h = hashlib.sha256()
     machine = {"torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(),
                "machine": platform.machine()}
     h.update(json.dumps({**facts, **machine}, sort_keys=True, default=str).encode())
     package = Path(__file__).resolve().parents[1]
     files = sorted([*package.glob("model/*.py"), *package.glob("inference/*.py")])
-    for name in [*files, *([facts["code"]] if facts.get("code") else [])]:
+    for name in [*files, *facts.get("code", ())]:
         h.update(Path(name).read_bytes())
     for name, t in module.state_dict().items():
         h.update(name.encode())
