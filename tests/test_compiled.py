@@ -6,8 +6,8 @@ eagerly and compiled ahead of time (a package built once, then loaded; a failed 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 import os
+from pathlib import Path
 
 import pytest
 import torch
