@@ -16,8 +16,9 @@ Outputs are target ids, detokenized by the run's target tokenizer for sacreBLEU,
 glassformer float32's: the report counts the outputs that differ, so no system wins by doing less.
 
 Systems: glassformer float32 / compiled (float32 on the compiled static step, glassformer.inference.static;
-with --compiled; every row bucket run once before the timed rounds) / compiled-top (the same, a beam search stopped
-by CTranslate2's rule: stop="top", decoding/search.py) / bfloat16 / int8 (glassformer.inference.precision),
+with --compiled; every row bucket run once before the timed rounds) / compiled-full (the same, a beam search stopped
+by CTranslate2's rule with a length penalty: once K hypotheses are in, stop="full", decoding/search.py) / bfloat16 /
+int8 (glassformer.inference.precision),
 CTranslate2 compute_type float32 / int8 / bfloat16 (those `ctranslate2.get_supported_compute_types("cpu")`
 lists), Marian float32 and bfloat16 autocast. Each runs in its own process (its peak RSS is that process's
 ru_maxrss, with the RSS after loading beside it); rounds are interleaved (each round runs every system once
@@ -48,7 +49,7 @@ QUALITY_BLEU = 0.3                            # a precision holds quality within
 BASELINE = "glassformer/float32"
 GLASSFORMER = ("float32", "bfloat16", "int8")
 COMPILED = "glassformer/compiled"             # float32 on the compiled static step (after the precisions)
-COMPILED_TOP = "glassformer/compiled-top"     # the same, stopping a beam search by CTranslate2's rule (stop="top")
+COMPILED_RULE = "glassformer/compiled-full"    # the same, a beam search stopped by CTranslate2's rule (stop="full")
 CT2_TYPES = ("float32", "int8", "bfloat16")
 HF_TYPES = ("float32", "bfloat16")
 ROOFLINE_SHAPES = ((2048, 2048, 2048), (32, 256, 1024))     # (m, k, n): a large product, the decoder's own
@@ -116,16 +117,16 @@ def rss_mb() -> float:
 
 class Glassformer:
     """A glassformer run folder at one precision: float32 on the fast path (eager, or "compiled": the static
-    step's packages, built or loaded and every row bucket run before the first timed call; "compiled-top": the
-    same with stop="top"), bf16/int8 via with_precision."""
+    step's packages, built or loaded and every row bucket run before the first timed call; "compiled-full": the
+    same with stop="full", CTranslate2's rule), bf16/int8 via with_precision."""
 
     def __init__(self, model, dtype: str, threads: int) -> None:
         from glassformer.inference.precision import with_precision
         self.threads, self.pad_id = threads, model.cfg.pad_id
         self.warm: set[tuple[int, int]] = set()
         self.stop = {}                                           # generate's default stopping rule
-        if dtype == "compiled-top":                              # CTranslate2's rule (decoding/search.py)
-            dtype, self.stop = "compiled", {"stop": "top"}
+        if dtype == "compiled-full":                             # CTranslate2's rule (decoding/search.py)
+            dtype, self.stop = "compiled", {"stop": "full"}
         if dtype == "compiled":
             from glassformer.inference.compiler import use_compile_cache
             from glassformer.inference.static import StaticDecoder
@@ -354,7 +355,7 @@ def _seconds_per_call(run, budget: float) -> float:
 # ---- the driver ----------------------------------------------------------------------------------------
 
 def systems(args) -> list[str]:
-    names = [f"glassformer/{d}" for d in GLASSFORMER] + ([COMPILED, COMPILED_TOP] if getattr(args, "compiled", False)
+    names = [f"glassformer/{d}" for d in GLASSFORMER] + ([COMPILED, COMPILED_RULE] if getattr(args, "compiled", False)
                                                          else [])
     if args.ct2:
         import ctranslate2
@@ -446,8 +447,8 @@ def comparisons(results: list[dict], timings: dict, speedup) -> list[dict]:
         best_theirs = max(theirs, key=lambda r: r["tokens_per_s"]["median"])
         pairs = [("precision for precision", BASELINE, "ctranslate2/float32"),
                  ("best against best", best_ours["system"], best_theirs["system"])]
-        if any(r["system"] == COMPILED_TOP for r in rows) and "beam" in case:
-            pairs.append(("CTranslate2's stopping rule", COMPILED_TOP, best_theirs["system"]))
+        if any(r["system"] == COMPILED_RULE for r in rows) and "beam" in case:
+            pairs.append(("CTranslate2's stopping rule", COMPILED_RULE, best_theirs["system"]))
         for what, a, b in pairs:
             if (case, b) in timings and all(timings[case, a]) and all(timings[case, b]):   # no empty outputs
                 out.append({"case": case, "comparison": what, "ours": a, "theirs": b,

@@ -409,3 +409,22 @@ def test_stop_top_ends_when_a_steps_best_candidate_finishes_and_can_cut_a_better
     assert top.tokens == [] and bound.tokens == [A] == _every_path(table, 6, 1.0)[0][1]
     with pytest.raises(ValueError, match="stop"):
         generate(model, src, BeamSearch(2), stop="first")
+
+
+def test_stop_full_ends_once_k_hypotheses_have_finished():
+    """stop="full" (fairseq; CTranslate2 with a length penalty): with K = 2, [] ends at step 1 and [B] at step 2,
+    so the search ends there with []; the bound sees that the live A C can still win once divided by its
+    length, and finds A C EOS, the optimum."""
+
+    def table(prefix):
+        return {(): {EOS: 0.5, A: 0.3, B: 0.2}, (A,): {EOS: 0.1, C: 0.9}, (B,): {EOS: 0.9, C: 0.1}}.get(
+            prefix, {EOS: 0.99, A: 0.01})
+
+    model = TableModel(table)
+    src = torch.tensor([[3]])
+    full = generate(model, src, BeamSearch(2), alpha=1.0, max_len=6, stop="full", n_best=2)[0]
+    bound = generate(model, src, BeamSearch(2), alpha=1.0, max_len=6)[0][0]
+    assert [h.tokens for h in full] == [[], [B]]
+    assert bound.tokens == [A, C] == _every_path(table, 6, 1.0)[0][1]
+    top = generate(model, src, BeamSearch(2), alpha=1.0, max_len=6, stop="top")[0][0]
+    assert top.tokens == []                                                  # step 1's best candidate was EOS

@@ -75,18 +75,18 @@ def test_comparisons_pick_the_fastest_precision_that_holds_quality():
 
 
 def test_the_stopping_rule_comparison_is_for_beam_cases_only():
-    """compiled-top (CTranslate2's stopping rule) is set against CTranslate2's fastest in a beam case, even
+    """compiled-full (CTranslate2's stopping rule) is set against CTranslate2's fastest in a beam case, even
     when its BLEU is below the quality bar; a greedy case (where the rule changes nothing) has no such row."""
     out = {}
     for case in ("beam4-b32", "greedy-b32"):
-        timings = {(case, "glassformer/float32"): [100.0], (case, race.COMPILED_TOP): [300.0],
+        timings = {(case, "glassformer/float32"): [100.0], (case, race.COMPILED_RULE): [300.0],
                    (case, "ctranslate2/float32"): [100.0], (case, "ctranslate2/int8"): [200.0]}
-        bleu = {"glassformer/float32": 30.0, race.COMPILED_TOP: 29.0, "ctranslate2/float32": 30.0,
+        bleu = {"glassformer/float32": 30.0, race.COMPILED_RULE: 29.0, "ctranslate2/float32": 30.0,
                 "ctranslate2/int8": 29.0}
         results = [_result(case, s, r, bleu[s]) for (_, s), r in timings.items()]
         out[case] = race.comparisons(results, timings, speedup)
     rule = [c for c in out["beam4-b32"] if c["comparison"] == "CTranslate2's stopping rule"]
-    assert [(c["ours"], c["theirs"]) for c in rule] == [(race.COMPILED_TOP, "ctranslate2/int8")]
+    assert [(c["ours"], c["theirs"]) for c in rule] == [(race.COMPILED_RULE, "ctranslate2/int8")]
     assert rule[0]["speedup"]["median"] == pytest.approx(1.5)
     assert [c["ours"] for c in out["beam4-b32"] if c["comparison"] == "best against best"] == ["glassformer/float32"]
     assert not any(c["comparison"] == "CTranslate2's stopping rule" for c in out["greedy-b32"])

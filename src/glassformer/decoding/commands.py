@@ -12,6 +12,7 @@ import sys
 from .. import limits
 from ..errors import UsageError
 from ..options import add_model_arguments, device_name, model_dir, positive
+from .search import DEFAULT_STOP, STOP_RULES
 
 
 def _add_decoding(parser: argparse.ArgumentParser, beam: int = 1) -> None:
@@ -20,10 +21,11 @@ def _add_decoding(parser: argparse.ArgumentParser, beam: int = 1) -> None:
     parser.add_argument("--beam", type=positive, default=beam,
                         help=f"beam size (default {beam}{' = greedy' if beam == 1 else '; 1 = greedy'})")
     parser.add_argument("--alpha", type=float, help="beam length penalty: score / len^alpha")
-    parser.add_argument("--stop", choices=("bound", "top"), default="bound",
+    parser.add_argument("--stop", choices=STOP_RULES, default=DEFAULT_STOP,
                         help="when a sentence's beam search ends: bound (default) = when no live beam can still "
-                             "beat the best finished one; top = also once a step's best candidate has finished "
-                             "(OpenNMT-py's and CTranslate2's rule: fewer steps, sometimes a worse translation)")
+                             "beat the best finished one; full = also once K hypotheses have finished (fairseq's, "
+                             "and CTranslate2's with a length penalty); top = also once a step's best candidate "
+                             "has finished (OpenNMT-py's): fewer steps, sometimes a worse translation")
     parser.add_argument("--max-length", type=positive, metavar="N",
                         help="most tokens generated per sentence, EOS included (default 2 x source length + 10; "
                              "at most the model's max_len)")

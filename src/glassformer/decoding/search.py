@@ -16,10 +16,11 @@ The rules:
   limit any token in the top K does); the best K that do not finish stay live.
 - A sentence is done when no live beam can still beat its n-th best finished hypothesis: since
   log-probs are <= 0, a live beam with score s at length L reaches at best
-  max(s / (L+1)^alpha, s / limit^alpha) (stop="bound", the default: the search's own optimum). With
-  stop="top" it is also done once the best candidate of a step has ended a hypothesis and n are in
-  (OpenNMT-py's and CTranslate2's rule: fewer steps, and with alpha > 0 a longer beam that would have
-  won can be cut).
+  max(s / (L+1)^alpha, s / limit^alpha) (stop="bound", the default: the search's own optimum). Two
+  rules of other systems also end it earlier, with fewer steps and sometimes a worse translation (a longer
+  beam that would have won is cut): stop="full", once K hypotheses have finished (fairseq's, and
+  CTranslate2's whenever a length penalty is set); stop="top", once the best candidate of a step has ended
+  a hypothesis and n are in (OpenNMT-py's, and CTranslate2's without a length penalty).
 - Decoding starts from the model's `cfg.bos_id`, ends at `cfg.eos_id`, never produces `cfg.pad_id`.
 
 One step costs the loop one look at the host: `Advance.events`, true when a hypothesis finished or a
@@ -40,7 +41,7 @@ from .candidates import best_continuations, most_probable
 
 LENGTH_A, LENGTH_B = 2.0, 10      # output limit: a * source_len + b tokens
 DEFAULT_ALPHA = 1.0               # length penalty exponent (chosen on dev, docs/translator.md)
-STOP_RULES = ("bound", "top")     # when a sentence's beam search is done (module docstring)
+STOP_RULES = ("bound", "full", "top")   # when a sentence's beam search is done (module docstring)
 DEFAULT_STOP = "bound"
 
 
@@ -202,9 +203,11 @@ class _Finished:
     def __init__(self, n: int) -> None:
         self.n, self.best = n, []
         self.top = False              # a step's best candidate has ended a hypothesis (STOP_RULES "top")
+        self.count = 0                # hypotheses finished so far, kept or not (STOP_RULES "full")
 
     def add(self, hyp: Hypothesis) -> float:
         """Keep `hyp` if it is among the n best; the n-th best normalised score (-inf while fewer than n)."""
+        self.count += 1
         self.best.append(hyp)
         self.best.sort(key=lambda h: -h.normalized)                          # stable: earlier wins ties
         del self.best[self.n:]
@@ -280,6 +283,10 @@ def _finish(advance: Advance, slots: Slots, length: int, sentence: list[int], fi
     if stop == "top":                                                        # and n hypotheses are in
         top = torch.tensor([s >= 0 and finished[s].top for s in sentence], device=worst.device)
         done = done | (slots.live & top & (worst > -math.inf))
+    elif stop == "full":                                                     # K hypotheses finished
+        K = slots.scores.size(1)
+        full = torch.tensor([s >= 0 and finished[s].count >= K for s in sentence], device=worst.device)
+        done = done | (slots.live & full)
     return worst, done
 
 
