@@ -37,6 +37,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from . import candidates
 from .candidates import best_continuations, most_probable
 
 LENGTH_A, LENGTH_B = 2.0, 10      # output limit: a * source_len + b tokens
@@ -116,6 +117,7 @@ class Search:
     first (decoding/candidates.py: no sort of a (rows, vocab) table)."""
 
     beam = 1
+    traced_files = (__file__, candidates.__file__)   # the code a compiled step traces (its package name hashes it)
 
     def rank(self, logits: Tensor, scores: Tensor, pad: int) -> tuple[Tensor, Tensor, Tensor]:
         """logits (sent*K, vocab), scores (sent, K) -> candidates' scores, tokens, parents, each (sent, C)."""

@@ -32,7 +32,6 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..decoding import candidates
 from ..model.transformer import Transformer
 from .compiler import compiled, package_path
 from .step import DecoderStep
@@ -184,7 +183,7 @@ class StaticDecoder:
         """What a package of `kind` depends on besides its weights and the model and speed-layer code."""
         facts = {"kind": kind, "config": repr(self.cfg)}
         if search is not None:
-            code = sorted({inspect.getsourcefile(type(search)), inspect.getsourcefile(candidates)})   # traced too
+            code = sorted({inspect.getsourcefile(type(search)), *getattr(search, "traced_files", ())})   # traced too
             facts.update(search=type(search).__name__, beam=search.beam, code=code,
                          threads=step_threads(search))
         return facts
