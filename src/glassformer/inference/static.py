@@ -244,6 +244,7 @@ class StaticRun:
 
     def __init__(self, decoder: StaticDecoder, src: Tensor, src_pad: Tensor, search) -> None:
         self.decoder, self.search, self.K = decoder, search, search.beam
+        self.name = step_name(search)                                        # its package, for this run's threads
         cfg = decoder.cfg
         self.length = 0                                                      # target positions written
         sentences = src.size(0)
@@ -274,7 +275,7 @@ class StaticRun:
             self.self_v = [_grown(t, size, pos) for t in self.self_v]
         inputs = (*slots, self.decoder.positions[pos], alpha, self.self_k, self.self_v, self.cross_k, self.cross_v,
                   self.source)
-        step = self.decoder.part(step_name(self.search), lambda: StepGraph(self.decoder.weights, self.search), inputs,
+        step = self.decoder.part(self.name, lambda: StepGraph(self.decoder.weights, self.search), inputs,
                                  self.search)
         out = step(*inputs)                                                  # (generate runs without gradients)
         layers, fields = len(self.self_k), len(out) - 2 * len(self.self_k)
