@@ -11,18 +11,24 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent           # the tree whose src/ a worker imports by default
-WAIT_POLICY = "PASSIVE"
+WAIT_POLICY = "PASSIVE"                                 # benchmarks.run's: glassformer against itself
+WAIT_POLICIES = ("default", "PASSIVE", "ACTIVE")
 
 
-def child_env(threads: int, src: str | None = None) -> dict:
-    """The same environment for every worker. OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead
-    of spinning, so on a machine busy with other work a parallel region does not wait on a descheduled
-    thread (with the default policy, 2 threads on 2 busy cores ran 10-100x slower)."""
+def child_env(threads: int, src: str | None = None, wait_policy: str = WAIT_POLICY) -> dict:
+    """The same environment for every worker. `wait_policy` is OMP_WAIT_POLICY ("default": the variable
+    removed, OpenMP's own policy, what a user gets). PASSIVE: idle OpenMP threads sleep instead of spinning,
+    so on a machine busy with other work a parallel region does not wait on a descheduled thread (with the
+    default policy, 2 threads on 2 busy cores ran 10-100x slower); it makes every parallel region wake a
+    sleeping thread, which costs a system in proportion to its number of parallel regions, not its work."""
+    if wait_policy not in WAIT_POLICIES:
+        raise ValueError(f"wait_policy: {wait_policy!r} is not one of {', '.join(WAIT_POLICIES)}")
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
                TRANSFORMERS_VERBOSITY="error", HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
-    if WAIT_POLICY:
-        env["OMP_WAIT_POLICY"] = WAIT_POLICY
+    env.pop("OMP_WAIT_POLICY", None)
+    if wait_policy != "default":
+        env["OMP_WAIT_POLICY"] = wait_policy
     src = src or str(ROOT / "src")
     env["PYTHONPATH"] = src + os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else src
     return env

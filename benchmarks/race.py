@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .pipe import JsonWorker, child_env
+from .pipe import WAIT_POLICIES, JsonWorker, child_env
 
 HERE = Path(__file__).resolve().parent
 ALPHA = 1.0                                   # beam length penalty: score / len^alpha, for every system
@@ -295,7 +295,8 @@ class WorkerProcess(JsonWorker):
         for flag, value in (("--run", args.run), ("--ct2", args.ct2), ("--hf", args.hf)):
             if value:
                 cmd += [flag, str(value)]
-        super().__init__(name, cmd, HERE.parent, child_env(args.threads), {"quit": True})
+        super().__init__(name, cmd, HERE.parent, child_env(args.threads, wait_policy=args.omp_wait_policy),
+                         {"quit": True})
         self.loaded = self.read()
 
 
@@ -462,7 +463,7 @@ def machine(args) -> dict:
 
     from .run import _version, machine_info
     info = machine_info(args.threads, [])
-    info.update(command=" ".join(["python -m benchmarks.race", *sys.argv[1:]]),
+    info.update(omp_wait_policy=args.omp_wait_policy, command=" ".join(["python -m benchmarks.race", *sys.argv[1:]]),
                 precision=cpu_precision_support().as_dict(),
                 versions={p: _version(p) for p in ("torch", "torchao", "ctranslate2", "transformers", "glassformer")})
     return info
@@ -476,7 +477,8 @@ def markdown(report: dict) -> str:
     """The report as markdown: the machine, one table per case, the comparisons and the roofline."""
     m = report["machine"]
     p = m["precision"]
-    lines = [f"Race on {m['cpu']}, {m['threads']} threads, {m['date']} (`{m['command']}`)", "",
+    lines = [f"Race on {m['cpu']}, {m['threads']} threads, OMP_WAIT_POLICY {m.get('omp_wait_policy', 'PASSIVE')}, "
+             f"{m['date']} (`{m['command']}`)", "",
              f"CPU: torch capability {p['capability']}, flags {', '.join(p['flags']) or 'none of interest'}; "
              f"AMX {'present' if p['amx'] else 'absent'}. Versions: "
              + ", ".join(f"{k} {v}" for k, v in m["versions"].items()), ""]
@@ -522,6 +524,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--b1-sentences", type=int, default=256, help="sentences of the batch-1 case (default 256)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                    else os.cpu_count() or 1, help="intra-op threads of every system (default: usable cores)")
+    p.add_argument("--omp-wait-policy", choices=WAIT_POLICIES, default="default",
+                   help="OMP_WAIT_POLICY of every worker (default: the variable unset, OpenMP's own policy, what "
+                        "a user of each system gets; PASSIVE for a machine busy with other work)")
     p.add_argument("--out", help="JSON report path (default benchmarks/results/race-DATE.json, .md beside it)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -95,7 +95,8 @@ def test_the_stopping_rule_comparison_is_for_beam_cases_only():
 def test_markdown_report():
     timings = {("greedy-b32", "glassformer/float32"): [1234.0], ("greedy-b32", "ctranslate2/float32"): [617.0]}
     results = [_result("greedy-b32", s, r, 25.0) for (_, s), r in timings.items()]
-    report = {"machine": {"cpu": "Test CPU", "threads": 2, "date": "2026-12-01", "command": "python -m benchmarks.race",
+    report = {"machine": {"cpu": "Test CPU", "threads": 2, "omp_wait_policy": "default", "date": "2026-12-01",
+                          "command": "python -m benchmarks.race",
                           "precision": {"capability": "AVX2", "flags": ["avx2"], "amx": False},
                           "versions": {"torch": "2.13.0"}},
               "cases": [{"name": "greedy-b32", "beam": 1, "batch": 32, "sentences": None}], "results": results,
@@ -106,7 +107,7 @@ def test_markdown_report():
     assert "| glassformer/float32 | 1,234 [1,234, 1,234] | 25.00 |" in text
     assert "| greedy-b32 | precision for precision | glassformer/float32 / ctranslate2/float32 | 2.00x" in text
     assert "| 32 x 256 by 256 x 1024 | 224 | 497 | 12.5 |" in text
-    assert "AMX absent" in text and "avx2" in text
+    assert "AMX absent" in text and "avx2" in text and "OMP_WAIT_POLICY default" in text
 
 
 def test_the_glassformer_system_returns_outputs_in_input_order():
@@ -155,3 +156,16 @@ def test_peak_rss_is_the_workers_own_not_the_parents():
     start, peak = map(float, done.stdout.split())
     assert start < 100                                                   # stdlib only: tens of MiB
     assert peak >= start + 190
+
+
+def test_every_worker_gets_the_wait_policy_asked_for_not_the_callers(monkeypatch):
+    from benchmarks.pipe import child_env
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")                  # the caller's own, which must not leak
+    assert "OMP_WAIT_POLICY" not in child_env(2, wait_policy="default")
+    assert child_env(2, wait_policy="PASSIVE")["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert child_env(3)["OMP_NUM_THREADS"] == "3"
+    with pytest.raises(ValueError, match="wait_policy"):
+        child_env(2, wait_policy="passive ")
+    args = race.parse(["--run", "r"])
+    assert args.omp_wait_policy == "default"
+    assert race.parse(["--run", "r", "--omp-wait-policy", "PASSIVE"]).omp_wait_policy == "PASSIVE"
