@@ -72,7 +72,8 @@ bench: $(STAMP) $(TATOEBA)
 
 # The race (benchmarks/race.py): the translator in $(MODEL) exported to CTranslate2 and transformers, then
 # glassformer, CTranslate2 and Marian at each precision on HSK test + Tatoeba held-out. $(MODEL) is trained
-# first when it is absent or unfinished (make demo's recipe). e.g. `make race RACE_ARGS=--quick`.
+# first when it is absent or unfinished (make demo's recipe). e.g. `make race RACE_ARGS=--quick`; every system runs
+# under OpenMP's default wait policy (`RACE_ARGS="--omp-wait-policy PASSIVE"` on a machine busy with other work).
 RACE_ARGS ?=
 EXPORTS := $(MODEL)-exports
 race: $(STAMP) $(TATOEBA)
