@@ -477,7 +477,7 @@ def markdown(report: dict) -> str:
     """The report as markdown: the machine, one table per case, the comparisons and the roofline."""
     m = report["machine"]
     p = m["precision"]
-    lines = [f"Race on {m['cpu']}, {m['threads']} threads, OMP_WAIT_POLICY {m.get('omp_wait_policy', 'PASSIVE')}, "
+    lines = [f"Race on {m['cpu']}, {m['threads']} threads, OMP_WAIT_POLICY {m['omp_wait_policy']}, "
              f"{m['date']} (`{m['command']}`)", "",
              f"CPU: torch capability {p['capability']}, flags {', '.join(p['flags']) or 'none of interest'}; "
              f"AMX {'present' if p['amx'] else 'absent'}. Versions: "
