@@ -1,0 +1,67 @@
+// The lesson's Transformer in the page: plain ES modules, float64, no dependency, no build step.
+//
+// CONTRACT (what the page, its script API and the tests code against; shapes as (rows, columns)):
+//
+// A Matrix is a plain object {rows, cols, data: Float64Array(rows * cols)}, row-major: entry (i, j) is
+// data[i * cols + j]. Every probe value is a Matrix of one sentence (the batch axis of docs/probes.md dropped).
+//
+// weights.js
+//   loadBundle(bundle) -> {config, vocab, tensors}
+//     bundle: the parsed JSON of lab/bundle.py's write_bundle ({"format": "glassformer-bundle/1", "config",
+//     "vocab", "dtype": "float32"|"float16", "tensors": {name: {shape, offset, length}}, "data": base64});
+//     config: the ModelConfig dict (config.json's "model"); vocab: vocab.json ({source, target});
+//     tensors: Map name -> {shape: number[], data: Float64Array}, names as the PyTorch state_dict
+//     (nn.Linear weights (out, in)); a tied matrix is stored once (the model resolves it from the config).
+//     A damaged bundle throws an Error with one line: "model bundle: ...".
+//
+// model.js
+//   new Transformer(config, tensors)
+//     .config, .probeNames()                        every probe name this model has (docs/probes.md)
+//     .forward(srcIds, tgtInIds, opts) -> {logits, probes}
+//        srcIds (S,) source ids; tgtInIds (T,) right-shifted target ids, BOS first
+//        logits: Array of T Float64Array rows, each (V,)   vocabulary scores of every target row
+//        probes: Map probe name -> Matrix (the last firing), only what opts.record asked for
+//     opts (every call that runs the model takes them):
+//        record: true (every probe) | ["decoder.*.cross_attention.head.*.weights", "logits", ...]  (fnmatch:
+//                `*` spans dots). A probe is recorded BEFORE an intervention replaces it (a switched-off
+//                head still shows its own output; its concat columns are zeros).
+//        intervene: {probeNameOrPattern: fn(value: Matrix, name) -> Matrix of the same shape}
+//        off: ["decoder.1.cross_attention.head.1", ...]   heads switched off (their output replaced by zeros)
+//     .encode(srcIds, opts) -> {memory: Matrix (S, d), probes}
+//     .newCache() -> a KV cache for one sentence
+//     .decodeStep(tokenId, memory, cache, opts) -> {logits: Float64Array (V,), probes}
+//        one incremental decoding step: the newest target token at position cache.length (same numbers as
+//        forward's row at that position)
+//
+// search.js  (the rules of `glassformer translate`: decoding/search.py, stop rule "bound", alpha 1.0)
+//   greedy(model, srcIds, {maxLen}) -> number[]                   target ids without BOS/EOS
+//   beamSearch(model, srcIds, {beam: 4, lengthPenalty: 1.0, maxLen}) -> number[]
+//   generate(model, srcIds, {beam, lengthPenalty, maxLen, off}) -> {tokens, score, normalized, finished}
+//   outputLimit(sourceLength, modelMaxLen, maxLen) -> most tokens generated (EOS included): 2 S + 10, capped
+//
+// interpret.js
+//   nextDistribution(model, srcIds, prefixIds, {off, top}) -> [{id, p}, ...] most probable first
+//        p(next | BOS + prefix); top entries (default 20; Infinity for the whole vocabulary)
+//   patchingTable(model, cleanIds, corruptIds, tgtInIds, row, token, {positions: true, onProgress})
+//        -> the JSON of interpret/patching.py patch_scan: {p_clean, p_corrupt, heads[layer][head]: {p, fraction},
+//           all_heads, nothing, position_layers, positions[layer][pos] | null, all_positions}
+//   patchingScan(...same arguments)  a generator: yields {done, total} after each run, returns the table
+//        (the page runs it in chunks and shows progress)
+//   logitLens(model, srcIds, tgtInIds, row, token, contrast) -> the JSON of interpret/lens.py logit_lens:
+//        {reading, row, steps: [{layer, sublayer, name, p, p_contrast}], p_model, p_contrast_model}
+//   altiPlus(model, srcIds, tgtInIds) -> Matrix (T, S + T): ALTI+ shares of interpret/alti.py, rows sum to 1
+//
+// trace.js  (trace spec v1, as lesson/spec.py and lesson/reference.py: nested arrays in, the same JSON out)
+//   runTrace(doc) -> {version: 1, kind, ...}   masked scaled scores are null; throws Error("field: ...")
+//   blockSpec(norm = "post"), exerciseSpec(scale = false)     the lesson's BLOCK and 2x3 exercise documents
+//   round6(json) -> the same JSON, numbers to the lesson's six decimals
+//   primitives on number[][] (rows of numbers): matmul(a, b), transpose(a), softmaxRows(scores, visible),
+//   layerNorm(x, gamma, beta, eps), attention(q, k, v, {visible, scale}) -> {scores, scaled_scores, weights, output}
+//
+// Tokens are ids everywhere here; text <-> ids is tokenize.js.
+
+export { loadBundle } from "./weights.js";
+export { Transformer, matrix } from "./model.js";
+export { greedy, beamSearch, generate, outputLimit } from "./search.js";
+export { nextDistribution, patchingTable, patchingScan, logitLens, altiPlus } from "./interpret.js";
+export { runTrace, blockSpec, exerciseSpec, round6, matmul, transpose, softmaxRows, layerNorm, attention } from "./trace.js";
