@@ -1,0 +1,638 @@
+// The lesson's Transformer in float64, as glassformer/model/ writes it:
+//
+//     X = token embedding x sqrt(d) + position vector
+//     head_r = softmax(Q_r K_r^T / sqrt(d_k) + M) V_r       Q = X W^Q, K = X W^K, V = X W^V
+//     MultiHead(X) = Concat(head_1, ..., head_H) W^O
+//     post-norm sub-layer: LN(x + Sub(x))        pre-norm: x + Sub(LN(x))
+//     FFN(x) = ReLU(x W_1 + b_1) W_2 + b_2
+//
+// Encoder layer: self-attention, FFN. Decoder layer: masked self-attention, cross-attention to the encoder
+// output H, FFN. Every intermediate passes a probe (docs/probes.md names): `at(name, value)` records it and
+// lets an intervention replace it. Values are one sentence's Matrix {rows, cols, data} (row-major float64).
+// Weights keep PyTorch's nn.Linear layout (out, in): y = x W^T + b.
+
+// ---- matrices ----------------------------------------------------------------------------------------
+
+export function matrix(rows, cols, data = new Float64Array(rows * cols)) {
+  return { rows, cols, data };
+}
+
+export function copyMatrix(m) {
+  return matrix(m.rows, m.cols, Float64Array.from(m.data));
+}
+
+// x (n, in) -> x W^T + b (n, out); weight (out, in) as nn.Linear stores it
+export function linear(x, weight, bias) {
+  const [out, inp] = weight.shape;
+  if (x.cols !== inp) throw new Error(`linear: input has ${x.cols} columns, the weight expects ${inp}`);
+  const y = matrix(x.rows, out);
+  const w = weight.data, xd = x.data, yd = y.data;
+  const b = bias ? bias.data : null;
+  for (let i = 0; i < x.rows; i++) {
+    const xi = i * inp;
+    for (let o = 0; o < out; o++) {
+      const wo = o * inp;
+      let sum = 0;
+      for (let k = 0; k < inp; k++) sum += xd[xi + k] * w[wo + k];
+      yd[i * out + o] = b ? sum + b[o] : sum;
+    }
+  }
+  return y;
+}
+
+export function addMatrices(a, b) {
+  const out = matrix(a.rows, a.cols);
+  for (let i = 0; i < out.data.length; i++) out.data[i] = a.data[i] + b.data[i];
+  return out;
+}
+
+// LayerNorm over the d features of each row: gamma * (x - mean) / sqrt(var + eps) + beta (population variance)
+export function layerNormRows(x, norm, eps) {
+  const d = x.cols, y = matrix(x.rows, d);
+  const gamma = norm.weight.data, beta = norm.bias.data;
+  for (let i = 0; i < x.rows; i++) {
+    const row = x.data.subarray(i * d, (i + 1) * d);
+    let mean = 0;
+    for (let k = 0; k < d; k++) mean += row[k];
+    mean /= d;
+    let variance = 0;
+    for (let k = 0; k < d; k++) variance += (row[k] - mean) * (row[k] - mean);
+    variance /= d;
+    const inv = 1 / Math.sqrt(variance + eps);
+    for (let k = 0; k < d; k++) y.data[i * d + k] = (row[k] - mean) * inv * gamma[k] + beta[k];
+  }
+  return y;
+}
+
+// ---- positions ---------------------------------------------------------------------------------------
+
+// (n, d): PE(p, 2r) = sin(p / 10000^(2r/d)), PE(p, 2r+1) = cos(p / 10000^(2r/d)); "halves": [sines | cosines]
+export function sinusoidalPositions(n, d, layout = "interleaved") {
+  const table = matrix(n, d);
+  const half = Math.ceil(d / 2);
+  for (let p = 0; p < n; p++) {
+    for (let r = 0; r < half; r++) {
+      const angle = p / Math.pow(10000, (2 * r) / d);
+      const sinAt = layout === "halves" ? r : 2 * r;
+      const cosAt = layout === "halves" ? half + r : 2 * r + 1;
+      table.data[p * d + sinAt] = Math.sin(angle);
+      if (2 * r + 1 < d) table.data[p * d + cosAt] = Math.cos(angle);
+    }
+  }
+  return table;
+}
+
+// RoPE: rotate each pair (2r, 2r+1) of a head's q or k row at absolute position p by p * base^(-2r/d_k)
+export function rotate(x, firstPosition, base) {
+  const dk = x.cols, out = matrix(x.rows, dk);
+  for (let i = 0; i < x.rows; i++) {
+    const p = firstPosition + i;
+    for (let r = 0; r < dk / 2; r++) {
+      const angle = p * Math.pow(base, -(2 * r) / dk);
+      const c = Math.cos(angle), s = Math.sin(angle);
+      const even = x.data[i * dk + 2 * r], odd = x.data[i * dk + 2 * r + 1];
+      out.data[i * dk + 2 * r] = even * c - odd * s;
+      out.data[i * dk + 2 * r + 1] = even * s + odd * c;
+    }
+  }
+  return out;
+}
+
+// ---- masks (1 = may attend) --------------------------------------------------------------------------
+
+// (query, key): query i (absolute position offset + i) may see key j iff j <= offset + i
+export function causalMask(nQuery, nKey, offset = 0) {
+  const mask = matrix(nQuery, nKey);
+  for (let i = 0; i < nQuery; i++) {
+    for (let j = 0; j < nKey; j++) mask.data[i * nKey + j] = j <= offset + i ? 1 : 0;
+  }
+  return mask;
+}
+
+// (query, key) from the keys' PAD flags: every query sees every key that is not PAD
+export function paddingMask(nQuery, keyIsPad) {
+  const nKey = keyIsPad.length, mask = matrix(nQuery, nKey);
+  for (let i = 0; i < nQuery; i++) {
+    for (let j = 0; j < nKey; j++) mask.data[i * nKey + j] = keyIsPad[j] ? 0 : 1;
+  }
+  return mask;
+}
+
+export function combineMasks(a, b) {
+  if (!a) return b;
+  if (!b) return a;
+  const out = matrix(a.rows, a.cols);
+  for (let i = 0; i < out.data.length; i++) out.data[i] = a.data[i] && b.data[i] ? 1 : 0;
+  return out;
+}
+
+// ---- probes ------------------------------------------------------------------------------------------
+
+// fnmatch as Python's: `*` any run of characters (dots too), `?` one character
+export function globToRegExp(pattern) {
+  const escaped = pattern.replace(/[.+^${}()|[\]\\]/g, "\\$&").replace(/\*/g, ".*").replace(/\?/g, ".");
+  return new RegExp(`^${escaped}$`);
+}
+
+function zerosLike(value) {
+  return matrix(value.rows, value.cols);
+}
+
+// What one pass records and replaces: `at(name, value)` is every hook point
+export class ProbeContext {
+  constructor(names, opts = {}) {
+    this.probes = new Map();
+    this.decisions = new Map();                       // name -> {record, fns} (worked out once per name)
+    this.recordAll = opts.record === true;
+    this.recordPatterns = Array.isArray(opts.record) ? opts.record.map(globToRegExp) : [];
+    this.interventions = [];                          // [RegExp, fn], in order
+    for (const head of opts.off || []) {
+      if (!/^(encoder|decoder)\.\d+\.(self|cross)_attention\.head\.\d+$/.test(head) || !names.has(`${head}.output`)) {
+        throw new Error(`off: no head ${JSON.stringify(head)} in this model (a head's probe name without .output, ` +
+                        `e.g. decoder.1.cross_attention.head.0)`);
+      }
+      this.interventions.push([globToRegExp(`${head}.output`), zerosLike]);
+    }
+    for (const [pattern, fn] of Object.entries(opts.intervene || {})) {
+      const regexp = globToRegExp(pattern);
+      if (![...names].some((name) => regexp.test(name))) throw new Error(`intervene: no probe matches ${pattern}`);
+      if (typeof fn !== "function") throw new Error(`intervene: ${pattern}: expected a function (value, name) -> value`);
+      this.interventions.push([regexp, fn]);
+    }
+    this.idle = !this.recordAll && this.recordPatterns.length === 0 && this.interventions.length === 0;
+  }
+
+  decision(name) {
+    let d = this.decisions.get(name);
+    if (!d) {
+      d = {
+        record: this.recordAll || this.recordPatterns.some((r) => r.test(name)),
+        fns: this.interventions.filter(([r]) => r.test(name)).map(([, fn]) => fn),
+      };
+      this.decisions.set(name, d);
+    }
+    return d;
+  }
+
+  // the value at hook point `name`: recorded (a copy, before any replacement), then replaced in order
+  at(name, value) {
+    if (this.idle) return value;
+    const d = this.decision(name);
+    if (d.record) this.probes.set(name, copyMatrix(value));
+    for (const fn of d.fns) {
+      const out = fn(value, name);
+      if (out === undefined || out === null) continue;
+      if (out.rows !== value.rows || out.cols !== value.cols || out.data.length !== value.data.length) {
+        throw new Error(`intervene: ${name} returned (${out.rows}, ${out.cols}), expected (${value.rows}, ${value.cols})`);
+      }
+      value = out;
+    }
+    return value;
+  }
+
+  // whether anything is attached at `name` (a mask is only built as a probe value when asked)
+  wants(name) {
+    if (this.idle) return false;
+    const d = this.decision(name);
+    return d.record || d.fns.length > 0;
+  }
+}
+
+// ---- attention ---------------------------------------------------------------------------------------
+
+function headColumns(x, h, width) {
+  const out = matrix(x.rows, width);
+  for (let i = 0; i < x.rows; i++) {
+    for (let c = 0; c < width; c++) out.data[i * width + c] = x.data[i * x.cols + h * width + c];
+  }
+  return out;
+}
+
+// One head: scores = q k^T (query, key); / sqrt(d_k); + bias; -inf where masked; softmax over keys; weights v.
+// A query row with no visible key gets zero weights and a zero output.
+export function attendHead(q, k, v, visible, scale, bias, ctx, prefix) {
+  q = ctx.at(`${prefix}.q`, q);
+  k = ctx.at(`${prefix}.k`, k);
+  v = ctx.at(`${prefix}.v`, v);
+  const n = q.rows, m = k.rows, dk = q.cols, dv = v.cols;
+  let scores = matrix(n, m);                                             // (query, key)
+  for (let i = 0; i < n; i++) {
+    for (let j = 0; j < m; j++) {
+      let sum = 0;
+      for (let c = 0; c < dk; c++) sum += q.data[i * dk + c] * k.data[j * dk + c];
+      scores.data[i * m + j] = sum;
+    }
+  }
+  scores = ctx.at(`${prefix}.scores`, scores);
+  let scaled = matrix(n, m);
+  const root = scale ? Math.sqrt(dk) : 1;
+  for (let i = 0; i < n * m; i++) {
+    let s = scale ? scores.data[i] / root : scores.data[i];
+    if (bias) s += bias.data[i];                                         // relative bias b_{i-j}
+    scaled.data[i] = visible && !visible.data[i] ? -Infinity : s;
+  }
+  scaled = ctx.at(`${prefix}.scaled_scores`, scaled);
+  let weights = softmaxOverKeys(scaled, visible);
+  weights = ctx.at(`${prefix}.weights`, weights);
+  const out = matrix(n, dv);                                             // (query, d_v)
+  for (let i = 0; i < n; i++) {
+    for (let j = 0; j < m; j++) {
+      const a = weights.data[i * m + j];
+      if (a === 0) continue;
+      for (let c = 0; c < dv; c++) out.data[i * dv + c] += a * v.data[j * dv + c];
+    }
+  }
+  return ctx.at(`${prefix}.output`, out);
+}
+
+// softmax of each row over its visible keys; a row with none gets zeros (never NaN)
+export function softmaxOverKeys(scaled, visible) {
+  const n = scaled.rows, m = scaled.cols, weights = matrix(n, m);
+  for (let i = 0; i < n; i++) {
+    let top = -Infinity, seen = false;
+    for (let j = 0; j < m; j++) {
+      if (visible && !visible.data[i * m + j]) continue;
+      seen = true;
+      if (scaled.data[i * m + j] > top) top = scaled.data[i * m + j];
+    }
+    if (!seen) continue;
+    let total = 0;
+    for (let j = 0; j < m; j++) {
+      if (visible && !visible.data[i * m + j]) continue;
+      const e = Math.exp(scaled.data[i * m + j] - top);
+      weights.data[i * m + j] = e;
+      total += e;
+    }
+    for (let j = 0; j < m; j++) weights.data[i * m + j] /= total;
+  }
+  return weights;
+}
+
+// The relative bias b_{i-j} of every head (heads of (query, key)): offsets clipped to [-clip, clip]
+function relativeBias(table, heads, clip, firstQuery, nQuery, nKey) {
+  const width = 2 * clip + 1;
+  return Array.from({ length: heads }, (_, h) => {
+    const b = matrix(nQuery, nKey);
+    for (let i = 0; i < nQuery; i++) {
+      for (let j = 0; j < nKey; j++) {
+        const offset = Math.max(-clip, Math.min(clip, firstQuery + i - j)) + clip;
+        b.data[i * nKey + j] = table.data[h * width + offset];
+      }
+    }
+    return b;
+  });
+}
+
+// Concat(head outputs) W^O + b^O: (query, H d_v) -> (query, d)
+function combineHeads(p, outputs, ctx, prefix) {
+  const n = outputs[0].rows, dv = outputs[0].cols, heads = outputs.length;
+  let concat = matrix(n, heads * dv);
+  outputs.forEach((o, h) => {
+    for (let i = 0; i < n; i++) {
+      for (let c = 0; c < dv; c++) concat.data[i * heads * dv + h * dv + c] = o.data[i * dv + c];
+    }
+  });
+  concat = ctx.at(`${prefix}.concat`, concat);
+  return ctx.at(`${prefix}.output`, linear(concat, p.w_o.weight, p.w_o.bias));
+}
+
+// The mask probe (query, key): recorded or replaced only when something is attached
+function maskProbe(visible, ctx, prefix) {
+  if (!visible || !ctx.wants(`${prefix}.mask`)) return visible;
+  return ctx.at(`${prefix}.mask`, visible);
+}
+
+// Self-attention: Q, K, V from the same rows x (query, d). `cache` (a layer's {k, v} per head, incremental
+// decoding) holds the keys and values of earlier positions; this call's rows are written after them.
+export function multiHeadAttention(model, p, x, { visible, causal, cache, offset = 0 }, ctx, prefix) {
+  const cfg = model.config, H = cfg.heads;
+  const Q = linear(x, p.w_q.weight, p.w_q.bias);                        // (query, H d_k)
+  const K = linear(x, p.w_k.weight, p.w_k.bias);
+  const V = linear(x, p.w_v.weight, p.w_v.bias);                        // (query, H d_v)
+  const n = x.rows, m = offset + n;
+  if (causal && n > 1) visible = combineMasks(causalMask(n, m, offset), visible);   // one query row sees all
+  visible = maskProbe(visible, ctx, prefix);
+  const bias = p.relative ? relativeBias(p.relative, H, cfg.relative_clip, offset, n, m) : null;
+  const outputs = [];
+  for (let h = 0; h < H; h++) {
+    let q = headColumns(Q, h, cfg.d_k), k = headColumns(K, h, cfg.d_k), v = headColumns(V, h, cfg.d_v);
+    if (cfg.positions === "rope") {
+      q = rotate(q, offset, cfg.rope_base);
+      k = rotate(k, offset, cfg.rope_base);
+    }
+    if (cache) [k, v] = cache.write(h, k, v);                            // (offset + query, d_k | d_v)
+    outputs.push(attendHead(q, k, v, visible, cfg.scale_scores, bias && bias[h], ctx, `${prefix}.head.${h}`));
+  }
+  return combineHeads(p, outputs, ctx, prefix);
+}
+
+// Cross-attention: queries from the decoder rows x, keys and values from the encoder output H (`memory`).
+// `kv` (per head [k, v]) is projected once per sentence and reused by every decoding step.
+export function crossAttention(model, p, x, kv, visible, ctx, prefix) {
+  const cfg = model.config;
+  const Q = linear(x, p.w_q.weight, p.w_q.bias);                        // (query, H d_k)
+  visible = maskProbe(visible, ctx, prefix);
+  const outputs = kv.map(([k, v], h) =>
+    attendHead(headColumns(Q, h, cfg.d_k), k, v, visible, cfg.scale_scores, null, ctx, `${prefix}.head.${h}`));
+  return combineHeads(p, outputs, ctx, prefix);
+}
+
+export function projectMemory(model, p, memory) {
+  const cfg = model.config;
+  const K = linear(memory, p.w_k.weight, p.w_k.bias), V = linear(memory, p.w_v.weight, p.w_v.bias);
+  return Array.from({ length: cfg.heads }, (_, h) => [headColumns(K, h, cfg.d_k), headColumns(V, h, cfg.d_v)]);
+}
+
+// ---- feed-forward and sub-layers ---------------------------------------------------------------------
+
+const ACTIVATION = {
+  relu: (z) => (z > 0 ? z : 0),
+  silu: (z) => z / (1 + Math.exp(-z)),
+};
+
+// FFN(x) = act(x W_1 + b_1) W_2 + b_2, each row alone
+export function feedForward(model, p, x, ctx, prefix) {
+  let hidden = linear(x, p.w_1.weight, p.w_1.bias);                     // (rows, d_ff)
+  const act = ACTIVATION[model.config.activation];
+  for (let i = 0; i < hidden.data.length; i++) hidden.data[i] = act(hidden.data[i]);
+  hidden = ctx.at(`${prefix}.hidden`, hidden);
+  return ctx.at(`${prefix}.output`, linear(hidden, p.w_2.weight, p.w_2.bias));
+}
+
+// One sub-layer's residual path and LayerNorm. post: LN(x + Sub(x)); pre: x + Sub(LN(x))
+export function residualNorm(model, norm, x, sublayer, ctx, prefix) {
+  const eps = model.config.eps;
+  x = ctx.at(`${prefix}.input`, x);
+  if (model.config.norm_placement === "post") {
+    const residual = ctx.at(`${prefix}.residual`, addMatrices(x, sublayer(x)));
+    return ctx.at(`${prefix}.normed`, layerNormRows(residual, norm, eps));
+  }
+  const normed = ctx.at(`${prefix}.normed`, layerNormRows(x, norm, eps));
+  return ctx.at(`${prefix}.residual`, addMatrices(x, sublayer(normed)));
+}
+
+// U = LN(X + MHA(X)), Z = LN(U + FFN(U)) (post-norm); visible (src, src) 1 = may attend
+export function encoderLayer(model, p, x, visible, ctx, prefix) {
+  x = residualNorm(model, p.norms[0], x,
+    (h) => multiHeadAttention(model, p.self_attention, h, { visible }, ctx, `${prefix}.self_attention`),
+    ctx, `${prefix}.sublayer.0`);
+  return ctx.at(`${prefix}.output`, residualNorm(model, p.norms[1], x,
+    (h) => feedForward(model, p.ffn, h, ctx, `${prefix}.ffn`), ctx, `${prefix}.sublayer.1`));
+}
+
+// Masked self-attention, cross-attention to H, FFN. y: the target rows (or the newest row, with `cache`)
+export function decoderLayer(model, p, y, encoded, kv, layerCache, offset, ctx, prefix) {
+  y = residualNorm(model, p.norms[0], y,
+    (h) => multiHeadAttention(model, p.self_attention, h, { causal: true, cache: layerCache, offset }, ctx,
+      `${prefix}.self_attention`),
+    ctx, `${prefix}.sublayer.0`);
+  const visible = encoded.padding ? paddingMask(y.rows, encoded.padding) : null;   // no triangle on cross
+  y = residualNorm(model, p.norms[1], y,
+    (h) => crossAttention(model, p.cross_attention, h, kv, visible, ctx, `${prefix}.cross_attention`),
+    ctx, `${prefix}.sublayer.1`);
+  return ctx.at(`${prefix}.output`, residualNorm(model, p.norms[2], y,
+    (h) => feedForward(model, p.ffn, h, ctx, `${prefix}.ffn`), ctx, `${prefix}.sublayer.2`));
+}
+
+// ---- the KV cache ------------------------------------------------------------------------------------
+
+// Every decoder layer's self-attention keys and values of earlier positions, per head, in buffers of
+// max_len rows; cross-attention's K, V of the encoder output, projected on the first step
+export class KVCache {
+  constructor(config, cross = null) {
+    this.config = config;
+    this.length = 0;                                  // target positions written so far
+    this.cross = cross;                               // [layer][head] -> [k, v]
+    const rows = config.max_len;
+    this.layers = Array.from({ length: config.decoder_layers }, () => ({
+      k: Array.from({ length: config.heads }, () => new Float64Array(rows * config.d_k)),
+      v: Array.from({ length: config.heads }, () => new Float64Array(rows * config.d_v)),
+    }));
+  }
+
+  // a layer's view: write head h's new rows at `length`, return rows 0 .. length + new
+  layer(i) {
+    const cache = this, buffers = this.layers[i];
+    return {
+      write(h, k, v) {
+        const end = cache.length + k.rows;
+        if (end > cache.config.max_len) throw new Error(`decoding: ${end} target positions, over max_len ${cache.config.max_len}`);
+        buffers.k[h].set(k.data, cache.length * k.cols);
+        buffers.v[h].set(v.data, cache.length * v.cols);
+        return [matrix(end, k.cols, buffers.k[h].subarray(0, end * k.cols)),
+          matrix(end, v.cols, buffers.v[h].subarray(0, end * v.cols))];
+      },
+    };
+  }
+
+  // a copy for a beam that continues this one (only the written rows are copied; cross K/V are shared)
+  clone() {
+    const out = new KVCache(this.config, this.cross);
+    out.length = this.length;
+    this.layers.forEach((layer, i) => {
+      for (const part of ["k", "v"]) {
+        layer[part].forEach((buffer, h) => {
+          const width = part === "k" ? this.config.d_k : this.config.d_v;
+          out.layers[i][part][h].set(buffer.subarray(0, this.length * width));
+        });
+      }
+    });
+    return out;
+  }
+}
+
+// ---- the whole model ---------------------------------------------------------------------------------
+
+const SUPPORTED_POSITIONS = ["sinusoidal", "learned", "relative", "rope", "none"];
+
+function tensorOf(tensors, name, shape) {
+  const t = tensors.get(name);
+  if (!t) throw new Error(`model bundle: tensor ${name} is missing`);
+  if (t.shape.length !== shape.length || t.shape.some((n, i) => n !== shape[i])) {
+    throw new Error(`model bundle: tensor ${name} has shape [${t.shape}]; the config implies [${shape}]`);
+  }
+  return t;
+}
+
+function linearOf(tensors, prefix, out, inp, bias) {
+  return { weight: tensorOf(tensors, `${prefix}.weight`, [out, inp]), bias: bias ? tensorOf(tensors, `${prefix}.bias`, [out]) : null };
+}
+
+function normOf(tensors, prefix, d) {
+  return { weight: tensorOf(tensors, `${prefix}.weight`, [d]), bias: tensorOf(tensors, `${prefix}.bias`, [d]) };
+}
+
+function attentionOf(tensors, prefix, cfg, self) {
+  const qk = cfg.heads * cfg.d_k, v = cfg.heads * cfg.d_v, d = cfg.d_model;
+  return {
+    w_q: linearOf(tensors, `${prefix}.w_q`, qk, d, cfg.bias),
+    w_k: linearOf(tensors, `${prefix}.w_k`, qk, d, cfg.bias),
+    w_v: linearOf(tensors, `${prefix}.w_v`, v, d, cfg.bias),
+    w_o: linearOf(tensors, `${prefix}.w_o`, d, v, cfg.bias),
+    relative: self && cfg.positions === "relative"
+      ? tensorOf(tensors, `${prefix}.relative.bias`, [cfg.heads, 2 * cfg.relative_clip + 1]) : null,
+  };
+}
+
+function layerOf(tensors, prefix, cfg, cross) {
+  const d = cfg.d_model;
+  return {
+    self_attention: attentionOf(tensors, `${prefix}.self_attention`, cfg, true),
+    cross_attention: cross ? attentionOf(tensors, `${prefix}.cross_attention`, cfg, false) : null,
+    ffn: { w_1: linearOf(tensors, `${prefix}.ffn.w_1`, cfg.d_ff, d, cfg.bias), w_2: linearOf(tensors, `${prefix}.ffn.w_2`, d, cfg.d_ff, cfg.bias) },
+    norms: Array.from({ length: cross ? 3 : 2 }, (_, s) => normOf(tensors, `${prefix}.sublayer.${s}.layer_norm`, d)),
+  };
+}
+
+// The config with the defaults ModelConfig fills in (d_k, d_v, final_norm)
+function completeConfig(config) {
+  const cfg = { ...config };
+  if (cfg.family && cfg.family !== "encoder-decoder") throw new Error(`model: the page runs encoder-decoder models, not ${cfg.family}`);
+  if (!SUPPORTED_POSITIONS.includes(cfg.positions)) throw new Error(`model: positions ${cfg.positions} unknown`);
+  if (!(cfg.activation in ACTIVATION)) throw new Error(`model: activation ${cfg.activation} unknown`);
+  for (const key of ["d_model", "heads", "d_ff", "encoder_layers", "decoder_layers", "max_len", "src_vocab", "tgt_vocab"]) {
+    if (!Number.isSafeInteger(cfg[key]) || cfg[key] < 1) throw new Error(`model: config ${key} must be a positive integer`);
+  }
+  cfg.d_k = cfg.d_k ?? Math.floor(cfg.d_model / cfg.heads);
+  cfg.d_v = cfg.d_v ?? Math.floor(cfg.d_model / cfg.heads);
+  cfg.useFinalNorm = cfg.final_norm === null || cfg.final_norm === undefined ? cfg.norm_placement === "pre" : !!cfg.final_norm;
+  return cfg;
+}
+
+export class Transformer {
+  constructor(config, tensors) {
+    const cfg = (this.config = completeConfig(config));
+    const d = cfg.d_model;
+    this.srcToken = tensorOf(tensors, "src_embed.token.weight", [cfg.src_vocab, d]);
+    this.tgtToken = cfg.share_embeddings ? this.srcToken : tensorOf(tensors, "tgt_embed.token.weight", [cfg.tgt_vocab, d]);
+    if (cfg.positions === "learned") {
+      this.srcLearned = tensorOf(tensors, "src_embed.learned.table.weight", [cfg.max_len, d]);
+      this.tgtLearned = tensorOf(tensors, "tgt_embed.learned.table.weight", [cfg.max_len, d]);
+    }
+    this.sinusoidal = cfg.positions === "sinusoidal" ? sinusoidalPositions(cfg.max_len, d, cfg.position_layout) : null;
+    this.encoderLayers = Array.from({ length: cfg.encoder_layers }, (_, i) => layerOf(tensors, `encoder.layers.${i}`, cfg, false));
+    this.decoderLayers = Array.from({ length: cfg.decoder_layers }, (_, i) => layerOf(tensors, `decoder.layers.${i}`, cfg, true));
+    this.encoderNorm = cfg.useFinalNorm ? normOf(tensors, "encoder.norm", d) : null;
+    this.decoderNorm = cfg.useFinalNorm ? normOf(tensors, "decoder.norm", d) : null;
+    this.head = {
+      weight: cfg.tie_target ? this.tgtToken : tensorOf(tensors, "head.weight", [cfg.tgt_vocab, d]),
+      bias: cfg.head_bias ? tensorOf(tensors, "head.bias", [cfg.tgt_vocab]) : null,
+    };
+    this.names = new Set(this.probeNames());
+  }
+
+  // every probe this model has: stack by stack, layer by layer (docs/probes.md)
+  probeNames() {
+    const cfg = this.config, names = ["encoder.embedding"];
+    const attention = (prefix) => {
+      const out = [];
+      for (let h = 0; h < cfg.heads; h++) {
+        for (const part of ["q", "k", "v", "scores", "scaled_scores", "weights", "output"]) out.push(`${prefix}.head.${h}.${part}`);
+      }
+      return [...out, `${prefix}.mask`, `${prefix}.concat`, `${prefix}.output`];
+    };
+    const sublayer = (prefix) => ["input", "residual", "normed"].map((part) => `${prefix}.${part}`);
+    for (let i = 0; i < cfg.encoder_layers; i++) {
+      const p = `encoder.${i}`;
+      names.push(...attention(`${p}.self_attention`), `${p}.ffn.hidden`, `${p}.ffn.output`,
+        ...sublayer(`${p}.sublayer.0`), ...sublayer(`${p}.sublayer.1`), `${p}.output`);
+    }
+    names.push("encoder.output", "decoder.embedding");
+    for (let i = 0; i < cfg.decoder_layers; i++) {
+      const p = `decoder.${i}`;
+      names.push(...attention(`${p}.self_attention`), ...attention(`${p}.cross_attention`), `${p}.ffn.hidden`,
+        `${p}.ffn.output`, ...sublayer(`${p}.sublayer.0`), ...sublayer(`${p}.sublayer.1`), ...sublayer(`${p}.sublayer.2`),
+        `${p}.output`);
+    }
+    names.push("decoder.output", "logits");
+    return names;
+  }
+
+  context(opts = {}) {
+    return opts instanceof ProbeContext ? opts : new ProbeContext(this.names, opts);
+  }
+
+  // token embedding x sqrt(d) + position vector; ids (n,) at absolute positions offset.. -> (n, d)
+  embed(ids, table, learned, offset) {
+    const cfg = this.config, d = cfg.d_model, vocab = table.shape[0];
+    if (offset + ids.length > cfg.max_len && (cfg.positions === "sinusoidal" || cfg.positions === "learned")) {
+      throw new Error(`sequence length ${offset + ids.length} exceeds max_len ${cfg.max_len}`);
+    }
+    const scale = cfg.scale_embeddings ? Math.sqrt(d) : 1;
+    const x = matrix(ids.length, d);
+    ids.forEach((id, i) => {
+      if (!Number.isInteger(id) || id < 0 || id >= vocab) throw new Error(`token id out of range [0, ${vocab}): ${id}`);
+      for (let c = 0; c < d; c++) {
+        let value = table.data[id * d + c] * scale;
+        if (this.sinusoidal) value = this.sinusoidal.data[(offset + i) * d + c] + value;
+        else if (learned) value += learned.data[(offset + i) * d + c];
+        x.data[i * d + c] = value;
+      }
+    });
+    return x;
+  }
+
+  // src ids (S,) -> {memory: H (S, d), padding: PAD flags or null, probes}
+  encode(srcIds, opts = {}) {
+    const ctx = this.context(opts);
+    const padding = srcIds.map((id) => id === this.config.pad_id);
+    const visible = paddingMask(srcIds.length, padding);                 // (src, src)
+    let x = ctx.at("encoder.embedding", this.embed(srcIds, this.srcToken, this.srcLearned, 0));
+    this.encoderLayers.forEach((p, i) => { x = encoderLayer(this, p, x, visible, ctx, `encoder.${i}`); });
+    if (this.encoderNorm) x = layerNormRows(x, this.encoderNorm, this.config.eps);
+    const memory = ctx.at("encoder.output", x);
+    return { memory, padding: padding.some(Boolean) ? padding : null, forward: padding, probes: ctx.probes };
+  }
+
+  // decoder rows -> vocabulary scores (rows, V)
+  logitsOf(hidden) {
+    return linear(hidden, this.head.weight, this.head.bias);
+  }
+
+  // the decoder over target ids at positions offset..; `cache` for incremental decoding
+  decodeRows(tgtIds, encoded, cache, ctx) {
+    const offset = cache ? cache.length : 0;
+    let y = ctx.at("decoder.embedding", this.embed(tgtIds, this.tgtToken, this.tgtLearned, offset));
+    const cross = cache && cache.cross ? cache.cross
+      : this.decoderLayers.map((p) => projectMemory(this, p.cross_attention, encoded.memory));
+    if (cache) cache.cross = cross;
+    this.decoderLayers.forEach((p, i) => {
+      y = decoderLayer(this, p, y, encoded, cross[i], cache ? cache.layer(i) : null, offset, ctx, `decoder.${i}`);
+    });
+    if (cache) cache.length += tgtIds.length;
+    if (this.decoderNorm) y = layerNormRows(y, this.decoderNorm, this.config.eps);
+    y = ctx.at("decoder.output", y);
+    return ctx.at("logits", this.logitsOf(y));
+  }
+
+  // Teacher forcing: every target row's next-token logits in one pass
+  forward(srcIds, tgtInIds, opts = {}) {
+    const ctx = this.context(opts);
+    const encoded = this.encode(srcIds, ctx);
+    // forward passes the source padding to cross-attention always (its mask probe fires), as the PyTorch model
+    const logits = this.decodeRows(tgtInIds, { memory: encoded.memory, padding: encoded.forward }, null, ctx);
+    return { logits: rowsOf(logits), probes: ctx.probes };
+  }
+
+  // the decoder only, for an encoded source (patching reruns it over one encoding)
+  decode(tgtInIds, encoded, opts = {}) {
+    const ctx = this.context(opts);
+    const logits = this.decodeRows(tgtInIds, { memory: encoded.memory, padding: encoded.forward }, null, ctx);
+    return { logits: rowsOf(logits), probes: ctx.probes };
+  }
+
+  newCache() {
+    return new KVCache(this.config);
+  }
+
+  // one incremental step: the newest target token at position cache.length -> its logits (V,)
+  decodeStep(tokenId, encoded, cache, opts = {}) {
+    const ctx = this.context(opts);
+    const logits = this.decodeRows([tokenId], encoded, cache, ctx);
+    return { logits: logits.data, probes: ctx.probes };
+  }
+}
+
+export function rowsOf(m) {
+  return Array.from({ length: m.rows }, (_, i) => m.data.subarray(i * m.cols, (i + 1) * m.cols));
+}
