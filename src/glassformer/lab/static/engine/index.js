@@ -27,17 +27,21 @@
 //                head still shows its own output; its concat columns are zeros).
 //        intervene: {probeNameOrPattern: fn(value: Matrix, name) -> Matrix of the same shape}
 //        off: ["decoder.1.cross_attention.head.1", ...]   heads switched off (their output replaced by zeros)
-//     .encode(srcIds, opts) -> {memory: Matrix (S, d), probes}
-//     .newCache() -> a KV cache for one sentence
-//     .decodeStep(tokenId, memory, cache, opts) -> {logits: Float64Array (V,), probes}
-//        one incremental decoding step: the newest target token at position cache.length (same numbers as
-//        forward's row at that position)
+//     .encode(srcIds, opts) -> encoded = {memory: Matrix (S, d) H, flags: PAD flags (S,), padding: flags or null
+//        when no PAD, probes}
+//     .decode(tgtInIds, encoded, opts) -> {logits, probes}     the decoder alone over one encoding
+//     .newCache() -> a KV cache for one sentence (max_len target positions)
+//     .decodeStep(tokenId, encoded, cache, opts) -> {logits: Float64Array (V,), probes}
+//        one incremental decoding step: the newest target token at position cache.length (the same numbers
+//        as forward's row at that position); probes fire with a query length of 1
+//     .logitsOf(hidden: Matrix (rows, d)) -> Matrix (rows, V)     the vocabulary head
 //
 // search.js  (the rules of `glassformer translate`: decoding/search.py, stop rule "bound", alpha 1.0)
 //   greedy(model, srcIds, {maxLen}) -> number[]                   target ids without BOS/EOS
 //   beamSearch(model, srcIds, {beam: 4, lengthPenalty: 1.0, maxLen}) -> number[]
 //   generate(model, srcIds, {beam, lengthPenalty, maxLen, off}) -> {tokens, score, normalized, finished}
 //   outputLimit(sourceLength, modelMaxLen, maxLen) -> most tokens generated (EOS included): 2 S + 10, capped
+//   greedy / beamSearch / generate also take {off: [...]}: decoding with heads switched off
 //
 // interpret.js
 //   nextDistribution(model, srcIds, prefixIds, {off, top}) -> [{id, p}, ...] most probable first
@@ -61,7 +65,7 @@
 // Tokens are ids everywhere here; text <-> ids is tokenize.js.
 
 export { loadBundle } from "./weights.js";
-export { Transformer, matrix } from "./model.js";
+export { Transformer, matrix, causalMask, KVCache } from "./model.js";
 export { greedy, beamSearch, generate, outputLimit } from "./search.js";
-export { nextDistribution, patchingTable, patchingScan, logitLens, altiPlus } from "./interpret.js";
+export { nextDistribution, patchingTable, patchingScan, logitLens, altiPlus, softmaxRow } from "./interpret.js";
 export { runTrace, blockSpec, exerciseSpec, round6, matmul, transpose, softmaxRows, layerNorm, attention } from "./trace.js";

@@ -581,7 +581,7 @@ export class Transformer {
     this.encoderLayers.forEach((p, i) => { x = encoderLayer(this, p, x, visible, ctx, `encoder.${i}`); });
     if (this.encoderNorm) x = layerNormRows(x, this.encoderNorm, this.config.eps);
     const memory = ctx.at("encoder.output", x);
-    return { memory, padding: padding.some(Boolean) ? padding : null, forward: padding, probes: ctx.probes };
+    return { memory, padding: padding.some(Boolean) ? padding : null, flags: padding, probes: ctx.probes };
   }
 
   // decoder rows -> vocabulary scores (rows, V)
@@ -610,14 +610,14 @@ export class Transformer {
     const ctx = this.context(opts);
     const encoded = this.encode(srcIds, ctx);
     // forward passes the source padding to cross-attention always (its mask probe fires), as the PyTorch model
-    const logits = this.decodeRows(tgtInIds, { memory: encoded.memory, padding: encoded.forward }, null, ctx);
+    const logits = this.decodeRows(tgtInIds, { memory: encoded.memory, padding: encoded.flags }, null, ctx);
     return { logits: rowsOf(logits), probes: ctx.probes };
   }
 
   // the decoder only, for an encoded source (patching reruns it over one encoding)
   decode(tgtInIds, encoded, opts = {}) {
     const ctx = this.context(opts);
-    const logits = this.decodeRows(tgtInIds, { memory: encoded.memory, padding: encoded.forward }, null, ctx);
+    const logits = this.decodeRows(tgtInIds, { memory: encoded.memory, padding: encoded.flags }, null, ctx);
     return { logits: rowsOf(logits), probes: ctx.probes };
   }
 
