@@ -34,11 +34,11 @@ def test_every_preset_is_a_typed_choice():
 # The full settings each preset stood for when every preset still listed every knob: a preset is now only
 # what it changes of the schema defaults, and must still come to the same run.
 MODEL_128 = dict(d_model=128, heads=4, d_ff=512, encoder_layers=2, decoder_layers=2, max_len=128,
-                 norm_placement="post")
+                 norm_placement="post", attention_dropout=0.0)
 EXTRAS = dict(glosses=True, char_fallback=True, source_units="raw")
 BEFORE = {
     "tiny": dict(model=dict(d_model=32, heads=4, d_ff=64, encoder_layers=2, decoder_layers=2, dropout=0.0, max_len=64,
-                            norm_placement="post"),
+                            norm_placement="post", attention_dropout=0.0),
                  epochs=1, max_tokens=512, lr_factor=1.0, warmup=50, bpe_vocab=300, glosses=False, source_units="raw",
                  char_fallback=False, average=1, tatoeba=False, hsk_repeat=1),
     "anchor": dict(model=dict(MODEL_128, dropout=0.1), epochs=30, max_tokens=1024, lr_factor=0.5, warmup=400,
@@ -52,7 +52,8 @@ BEFORE = {
                   epochs=12, max_tokens=2048, lr_factor=0.7, warmup=800, bpe_vocab=6000, **EXTRAS, average=3,
                   tatoeba=True, hsk_repeat=3),
 }
-COMMON = dict(label_smoothing=0.1, source_pieces=0, hsk_finish=0, max_steps=None, seed=1, limit=None, accumulate=1,
+COMMON = dict(label_smoothing=0.1, cooldown=0.0, word_dropout=0.0,
+              source_pieces=0, hsk_finish=0, max_steps=None, seed=1, limit=None, accumulate=1,
               eval=True, log_every=10, dtype="float32")
 
 

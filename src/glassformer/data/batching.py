@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
-from .tokenize import BOS, EOS, PAD
+from .tokenize import BOS, EOS, PAD, UNK
 
 
 @dataclass
@@ -66,6 +66,14 @@ def collate(examples: Sequence[Example], index: Sequence[int], pad_id: int = PAD
     tgt_in = padded([[BOS, *e.tgt] for e in rows])          # (batch, tgt_len)
     labels = padded([[*e.tgt, EOS] for e in rows])          # (batch, tgt_len)
     return Batch(src, tgt_in, labels, list(index))
+
+
+def drop_words(src: Tensor, p: float, generator: torch.Generator | None = None) -> Tensor:
+    """Word dropout (Sennrich & Zhang 2019): each source unit becomes <unk> with probability p; PAD stays."""
+    if p <= 0:
+        return src
+    dropped = (torch.rand(src.shape, generator=generator) < p) & (src != PAD)   # (batch, src_len)
+    return src.masked_fill(dropped, UNK)
 
 
 def make_batches(examples: Sequence[Example], max_tokens: int, seed: int, epoch: int,

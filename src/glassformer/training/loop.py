@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..data.batching import collate, make_batches, rank_share, step_groups
+from ..data.batching import collate, drop_words, make_batches, rank_share, step_groups
 from ..data.checkpoint import (
     CONFIG,
     OPTIMIZER,
@@ -109,7 +109,8 @@ class Trainer:
         elif self.dist.main:
             save_run_files(self.out, self.cfg, self.settings.to_dict(), self.data.source, self.data.target)
         s = self.settings
-        self.schedule = noam_schedule(self.optimizer, self.cfg.d_model, s.lr_factor, s.warmup, self.state["step"])
+        self.schedule = noam_schedule(self.optimizer, self.cfg.d_model, s.lr_factor, s.warmup, self.state["step"],
+                                      self.total_steps(), s.cooldown)
         self.loss_module: nn.Module = LossModule(self.model, s.label_smoothing)
         if self.dist.active:
             from torch.nn.parallel import DistributedDataParallel
@@ -217,7 +218,9 @@ class Trainer:
         local = torch.zeros((), dtype=torch.float64)
         share = rank_share(group, self.dist.rank, self.settings.accumulate)
         for m, index in enumerate(share):
-            batch = collate(self.examples, index).to(self.device)
+            batch = collate(self.examples, index)
+            batch.src = drop_words(batch.src, self.settings.word_dropout)
+            batch = batch.to(self.device)
             last = m == len(share) - 1
             with self.loss_module.no_sync() if self.dist.active and not last else contextlib.nullcontext():
                 with self.precision():

@@ -42,6 +42,7 @@ class ModelSettings(Schema):
     encoder_layers: int = knob(2, "encoder and decoder layers each", flag="--layers", gt=0)
     decoder_layers: int = knob(2, "encoder and decoder layers each", flag="--layers", gt=0)
     dropout: float = knob(0.1, "dropout", ge=0, lt=1)
+    attention_dropout: float = knob(0.0, "dropout on the attention weights (not in the 2017 paper)", ge=0, lt=1)
     max_len: int = knob(128, "longest sequence the model accepts", flag=None, gt=0)
     norm_placement: Literal["post", "pre"] = knob("post", "LayerNorm placement", flag="--norm")
 
@@ -56,6 +57,10 @@ class TrainSettings(Schema):
     lr_factor: float = knob(0.7, "Noam schedule factor", gt=0)
     warmup: int = knob(800, "Noam warm-up steps", gt=0)
     label_smoothing: float = knob(0.1, "label smoothing", ge=0, lt=1)
+    cooldown: float = knob(0.0, "the last fraction of the run's steps, in which the learning rate falls linearly "
+                                "to zero (0: the Noam schedule to the end)", ge=0, lt=1)
+    word_dropout: float = knob(0.0, "each source unit of a training batch becomes <unk> with this probability",
+                               ge=0, lt=1)
     bpe_vocab: int = knob(4000, "target BPE vocabulary size", gt=0, le=MAX_VOCAB)
     glosses: bool = knob(False, "add CC-CEDICT glosses of the source words as word-level pairs")
     source_units: Literal["raw", "gold"] = knob("raw", "train on the raw-text segmentation or the corpus's")
