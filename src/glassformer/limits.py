@@ -25,6 +25,14 @@ MAX_SPEC_HEADS = 32                  # heads of one attention sub-layer
 MAX_MATRIX_ELEMENTS = 65_536         # numbers in any one matrix, given or computed (n·m scores, n·d_ff hidden)
 MAX_OUTPUT_ELEMENTS = 1_000_000      # numbers in a whole trace answer (about 20 MB of JSON)
 
+# ---- exercise sheets (`exercise new`, `exercise check`) ---------------------------------------
+MAX_SHEET_FILE_BYTES = 256 << 10     # an exercise.json, sheet.json or answers file (256 KiB)
+MAX_SHEET_ROWS = 8                   # rows of q, k, v or x on a sheet (it is computed by hand)
+MAX_SHEET_WIDTH = 8                  # columns of q, k, v, x and d_ff on a sheet
+MAX_SHEET_HEADS = 4                  # heads of a block sheet
+MAX_SHEET_DECIMALS = 8               # decimals a sheet asks for
+MAX_SHEET_COUNT = 500                # sheets one `exercise new --count` writes (a class set)
+
 # ---- one sentence (`translate`, `explain`, POST /api/sentence) --------------------------------
 MAX_SOURCE_CHARS = 400               # characters of one source sentence in the lab
 MAX_TARGET_CHARS = 800               # characters of one target sentence in the lab

@@ -1,0 +1,310 @@
+"""The bug library: each misconception a named float64 variant of the lesson's computation.
+
+There is one computation, `cells(sheet, switches)`: the trace-spec v1 output of a sheet, cell by cell
+(a cell is one table of the output, named by its dotted path: `self_attention.heads.0.weights`,
+`sublayers.1.normed`, `output`). Each cell reads earlier cells, so the same computation can be run
+from a student's own numbers (`run(..., own=answers)`): every cell is then recomputed from what the
+student wrote before it. With the default `Switches()` it is the lesson's formula and agrees with
+lesson/reference.py; a bug is a set of switches (one or a few readings of the same misconception),
+never a table of numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import numpy as np
+
+# ---- the switches: one field per place a computation can go wrong ------------------------------
+
+
+@dataclass(frozen=True)
+class Switches:
+    """How one run computes. The defaults are the lesson's formulas."""
+
+    divide_by: str = "d_k"            # "d_k" | "d_model" | "none" (before the softmax)
+    divide_after_softmax: bool = False  # ÷√d_k applied to the weights instead
+    softmax_over: str = "keys"        # "keys" | "queries"
+    transposed_scores: bool = False   # S = K Qᵀ instead of Q Kᵀ
+    mask_after_softmax: bool = False  # softmax over every key, then masked weights set to 0
+    causal_shift: int = 0             # 0: query i sees keys j <= i; -1: j < i; +1: j <= i + 1
+    ln_over: str = "features"         # "features" (one row) | "table" (all rows together) | "positions"
+    ln_ddof: int = 0                  # 0: population variance (÷d); 1: the n-1 estimate
+    eps_outside_sqrt: bool = False    # (x − μ)/(√σ² + ε) instead of (x − μ)/√(σ² + ε)
+    residual: bool = True             # x + Sub(x) (False: Sub(x) alone)
+    placement: str | None = None      # None: the sheet's; "pre" / "post": that placement instead
+    output_projection: bool = True    # Concat(...) W^O (False: the concat itself)
+    heads_reversed: bool = False      # Concat(H_H, ..., H_1)
+    relu: bool = True                 # FFN hidden = ReLU(x W_1 + b_1) (False: no ReLU)
+
+
+RIGHT = Switches()
+
+
+# ---- the bugs --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bug:
+    id: str
+    readings: tuple[Switches, ...]     # the ways a student (or a program) commits it
+    claim: str                         # the lesson claim it breaks (shared/lesson/CLAIMS.md)
+    en: str                            # the rule broken, one sentence
+    zh: str
+    source: str = ""                   # a public bug report where one was found
+    needs: tuple[str, ...] = ()        # "mask", "causal", "block", "heads>1", "post", "pre"
+
+
+BUGS: tuple[Bug, ...] = (
+    Bug("no-scale", (Switches(divide_by="none"),), "A4",
+        "Scores are divided by √d_k before the softmax; here they were not divided at all.",
+        "softmax 之前要把得分除以 √d_k；这里完全没有除。",
+        "https://github.com/PAIR-code/tiny-transformers/issues/71"),
+    Bug("scale-after-softmax", (Switches(divide_by="none", divide_after_softmax=True),), "A4",
+        "Dot product, then ÷√d_k, then softmax — never softmax first; here the weights were divided instead.",
+        "先点积、再除以 √d_k、再 softmax，不能先 softmax；这里除的是权重。",
+        "https://github.com/FrancescoSaverioZuppichini/ViT/issues/2"),
+    Bug("scale-by-d-model", (Switches(divide_by="d_model"),), "B1",
+        "Each head divides by √d_k, its own key width; here by √d_model, the width of the whole row.",
+        "每个头除以自己的 √d_k；这里除的是整行宽度 √d_model。",
+        "https://github.com/omihub777/ViT-CIFAR/pull/11", ("heads>1",)),
+    Bug("softmax-over-queries", (Switches(softmax_over="queries"),), "A3",
+        "Softmax runs along the keys: each query row sums to 1; here the columns do.",
+        "softmax 沿 key 方向：每个 query 行之和为 1；这里是每列之和为 1。",
+        "https://github.com/nerminnuraydogan/vision-transformer/issues/1"),
+    Bug("transposed-scores", (Switches(transposed_scores=True),), "A2",
+        "S = QKᵀ: row i is query i against every key; here the table was KQᵀ (rows and columns swapped).",
+        "S = QKᵀ：第 i 行是第 i 个 query 对所有 key；这里算成了 KQᵀ（行列对调）。"),
+    Bug("mask-after-softmax", (Switches(mask_after_softmax=True),), "D3",
+        "Hidden keys get −∞ before the softmax, so visible weights still sum to 1; here the softmax ran over "
+        "every key and the hidden weights were zeroed afterwards.",
+        "被遮住的 key 在 softmax 之前置为 −∞，可见权重之和仍为 1；这里先对全部 key 做 softmax，再把遮住的权重清零。",
+        "https://github.com/huggingface/pytorch-image-models/pull/2236", ("mask",)),
+    Bug("causal-off-by-one", (Switches(causal_shift=-1), Switches(causal_shift=1)), "D3",
+        "Under the causal mask query i reads keys 1..i, itself included; here the triangle was shifted by one.",
+        "因果 mask 下第 i 个 query 读 key 1..i，包括它自己；这里三角错了一格。",
+        "https://github.com/RVC-Boss/GPT-SoVITS/issues/965", ("causal",)),
+    Bug("ln-across-positions", (Switches(ln_over="table"), Switches(ln_over="positions")), "B5",
+        "LayerNorm takes μ and σ² over the d features of one position; here across positions.",
+        "LayerNorm 对单个位置的 d 个特征求 μ 与 σ²；这里跨位置求了。",
+        "https://github.com/jadore801120/attention-is-all-you-need-pytorch/pull/17", ("block",)),
+    Bug("ln-unbiased-variance", (Switches(ln_ddof=1),), "B5",
+        "σ² = (1/d) Σ (x_r − μ)²; here the n−1 estimate (÷(d−1)) was used.",
+        "σ² = (1/d) Σ (x_r − μ)²；这里用了 n−1 的无偏估计（除以 d−1）。",
+        "https://github.com/harvardnlp/annotated-transformer/pull/119", ("block",)),
+    Bug("ln-eps-outside-sqrt", (Switches(eps_outside_sqrt=True),), "B5",
+        "LN(x) = γ ⊙ (x − μ)/√(σ² + ε) + β; here ε was added outside the square root.",
+        "LN(x) = γ ⊙ (x − μ)/√(σ² + ε) + β；这里 ε 加在了根号外面。",
+        "https://github.com/tracel-ai/burn/issues/2185", ("block",)),
+    Bug("no-residual", (Switches(residual=False),), "B4",
+        "Each sub-layer adds its input back: LN(x + Sub(x)); here the sub-layer output went on alone.",
+        "每个子层都把输入加回来：LN(x + Sub(x))；这里只传了子层输出。",
+        "", ("block",)),
+    Bug("pre-norm-instead-of-post", (Switches(placement="pre"),), "B4",
+        "The 2017 block is post-norm, U = LN₁(X + MHA(X)); here LayerNorm was applied before each sub-layer.",
+        "2017 的 block 是 post-norm：U = LN₁(X + MHA(X))；这里把 LayerNorm 放到了子层之前。",
+        "https://github.com/harvardnlp/annotated-transformer/issues/110", ("block", "post")),
+    Bug("post-norm-instead-of-pre", (Switches(placement="post"),), "B4",
+        "A pre-norm block is X + MHA(LN(X)); here LayerNorm was applied after the residual add.",
+        "pre-norm block 是 X + MHA(LN(X))；这里把 LayerNorm 放到了残差相加之后。",
+        "", ("block", "pre")),
+    Bug("no-output-projection", (Switches(output_projection=False),), "B2",
+        "MHA(X) = Concat(H_1..H_H) W^O; here the concat was used without W^O.",
+        "MHA(X) = Concat(H_1..H_H) W^O；这里拼接后没有乘 W^O。",
+        "https://github.com/Kyubyong/transformer/issues/117", ("block",)),
+    Bug("heads-concat-reversed", (Switches(heads_reversed=True),), "B2",
+        "Concat(H_1, ..., H_H) puts head 1 first; here the heads were concatenated in reverse order.",
+        "Concat(H_1, ..., H_H) 中头 1 在最前；这里拼接顺序反了。",
+        "", ("block", "heads>1")),
+    Bug("ffn-without-relu", (Switches(relu=False),), "B6",
+        "FFN(x) = ReLU(x W_1 + b_1) W_2 + b_2; here the ReLU was left out, so negative entries stayed.",
+        "FFN(x) = ReLU(x W_1 + b_1) W_2 + b_2；这里漏了 ReLU，负数没有被截为 0。",
+        "", ("block",)),
+)
+
+BUG_IDS = tuple(b.id for b in BUGS)
+BY_ID = {b.id: b for b in BUGS}
+
+
+def not_covered(bug: Bug, sheet) -> str | None:
+    """Why `bug` cannot show on this kind of sheet (None when it can)."""
+    reasons = {
+        "block": "the sheet has no LayerNorm, residual, W^O or FFN (an attention sheet)",
+        "mask": "the sheet has no mask",
+        "causal": "the sheet has no causal mask",
+        "heads>1": ("one head: √d_model = √d_k and a concat of one head has no order"
+                    if sheet.kind == "block" else
+                    "one head given its Q, K, V: √d_model = √d_k and a concat of one head has no order"),
+        "post": "the sheet is pre-norm",
+        "pre": "the sheet is post-norm",
+    }
+    for need in bug.needs:
+        ok = {"block": sheet.kind == "block", "mask": sheet.has_mask, "causal": sheet.mask == "causal",
+              "heads>1": sheet.kind == "block" and sheet.n_heads > 1,
+              "post": sheet.norm == "post", "pre": sheet.norm == "pre"}[need]
+        if not ok:
+            return reasons[need]
+    if bug.id == "transposed-scores" and sheet.n_queries != sheet.n_keys:
+        return "as many queries as keys are needed for KQᵀ to have the shape of QKᵀ"
+    return None
+
+
+# ---- the one computation ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cell:
+    path: str
+    inputs: tuple[str, ...]
+    fn: Callable[..., np.ndarray]
+
+
+def _visible(sheet, shift: int) -> np.ndarray:
+    """(n, m) True = may attend, with the causal triangle shifted by `shift` (0 = the sheet's own)."""
+    n, m = sheet.n_queries, sheet.n_keys
+    if sheet.mask == "causal":
+        i, j = np.arange(n)[:, None], np.arange(m)[None, :]
+        return j <= i + shift
+    if isinstance(sheet.mask, np.ndarray):
+        return sheet.mask.copy()
+    return np.ones((n, m), dtype=bool)
+
+
+def _softmax(scaled: np.ndarray, visible: np.ndarray, axis: int) -> np.ndarray:
+    """Softmax of the visible entries along `axis` (1: over keys, 0: over queries); none visible: zeros."""
+    s = np.where(visible, scaled, -np.inf)
+    top = np.max(s, axis=axis, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    e = np.where(visible, np.exp(np.where(visible, s - top, 0.0)), 0.0)
+    total = e.sum(axis=axis, keepdims=True)
+    return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+
+
+def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float, sw: Switches = RIGHT) -> np.ndarray:
+    """γ ⊙ (x − μ)/√(σ² + ε) + β, μ and σ² over the features of each row (as the switches say)."""
+    if sw.ln_over == "features":
+        axis = 1
+    elif sw.ln_over == "positions":
+        axis = 0
+    else:
+        axis = None
+    mu = x.mean(axis=axis, keepdims=True)
+    count = x.shape[1] if axis == 1 else x.shape[0] if axis == 0 else x.size
+    var = ((x - mu) ** 2).sum(axis=axis, keepdims=True) / max(count - sw.ln_ddof, 1)
+    scale = np.sqrt(var) + eps if sw.eps_outside_sqrt else np.sqrt(var + eps)
+    return gamma * (x - mu) / scale + beta
+
+
+def _attention_cells(sheet, sw: Switches, prefix: str, d_k: int, q_in: str, k_in: str | None,
+                     v_path: str | None) -> list[Cell]:
+    """scores, scaled_scores, weights, output of one head; `q_in`/`k_in` the cells holding Q and K."""
+    visible = _visible(sheet, sw.causal_shift)
+    divisor = {"d_k": math.sqrt(d_k), "d_model": math.sqrt(sheet.d_model), "none": 1.0}[sw.divide_by]
+
+    def scores(q, k):
+        return k @ q.T if sw.transposed_scores else q @ k.T                # (query, key)
+
+    def scaled(s):
+        out = s / divisor
+        return out if sw.mask_after_softmax else np.where(visible, out, -np.inf)
+
+    def weights(a):
+        seen = np.isfinite(a) if sw.mask_after_softmax else (visible & np.isfinite(a))
+        w = _softmax(a, seen, 1 if sw.softmax_over == "keys" else 0)
+        if sw.divide_after_softmax:
+            w = w / math.sqrt(d_k)
+        if sw.mask_after_softmax:
+            w = np.where(visible, w, 0.0)
+        return w
+
+    p = f"{prefix}." if prefix else ""
+    return [Cell(f"{p}scores", (q_in, k_in) if k_in else (), scores if k_in else lambda: scores(sheet.q, sheet.k)),
+            Cell(f"{p}scaled_scores", (f"{p}scores",), scaled),
+            Cell(f"{p}weights", (f"{p}scaled_scores",), weights),
+            Cell(f"{p}output", (f"{p}weights", v_path) if v_path else (f"{p}weights",),
+                 (lambda w, v: w @ v) if v_path else (lambda w: w @ sheet.v))]
+
+
+def cells(sheet, sw: Switches = RIGHT) -> list[Cell]:
+    """Every cell of the sheet's trace output in computation order, each computed as `sw` says."""
+    if sheet.kind == "attention":
+        return _attention_cells(sheet, sw, "", sheet.q.shape[1], "", None, None)
+
+    placement = sw.placement or sheet.norm
+    ln = sheet.layer_norms
+    out: list[Cell] = [Cell("sublayers.0.input", (), lambda: sheet.x.copy())]
+
+    def norm(s):
+        return lambda a: layer_norm(a, ln[s]["gamma"], ln[s]["beta"], sheet.eps, sw)
+
+    if placement == "pre":
+        out.append(Cell("sublayers.0.normed", ("sublayers.0.input",), norm(0)))
+    attn_in = "sublayers.0.normed" if placement == "pre" else "sublayers.0.input"
+    heads = sheet.attention["heads"]
+    for r, h in enumerate(heads):
+        hp = f"self_attention.heads.{r}"
+        for name in ("q", "k", "v"):
+            out.append(Cell(f"{hp}.{name}", (attn_in,),
+                            lambda a, w=h[f"w_{name}"], b=h[f"b_{name}"]: a @ w + b))
+        out += _attention_cells(sheet, sw, hp, h["w_q"].shape[1], f"{hp}.q", f"{hp}.k", f"{hp}.v")
+    disabled = set(sheet.disabled_heads)
+
+    def concat(*outputs):
+        parts = [np.zeros_like(o) if r in disabled else o for r, o in enumerate(outputs)]
+        return np.concatenate(parts[::-1] if sw.heads_reversed else parts, axis=1)   # (n, H·d_v)
+
+    out.append(Cell("self_attention.concat", tuple(f"self_attention.heads.{r}.output" for r in range(len(heads))),
+                    concat))
+    w_o, b_o = sheet.attention["w_o"], sheet.attention["b_o"]
+    out.append(Cell("self_attention.output", ("self_attention.concat",),
+                    (lambda c: c @ w_o + b_o) if sw.output_projection else (lambda c: c.copy())))
+
+    def add(a, b):
+        return a + b if sw.residual else b.copy()
+
+    out.append(Cell("sublayers.0.residual", ("sublayers.0.input", "self_attention.output"), add))
+    if placement == "post":
+        out.append(Cell("sublayers.0.normed", ("sublayers.0.residual",), norm(0)))
+        out.append(Cell("sublayers.1.input", ("sublayers.0.normed",), lambda a: a.copy()))
+        ffn_in = "sublayers.1.input"
+    else:
+        out.append(Cell("sublayers.1.input", ("sublayers.0.residual",), lambda a: a.copy()))
+        out.append(Cell("sublayers.1.normed", ("sublayers.1.input",), norm(1)))
+        ffn_in = "sublayers.1.normed"
+    f = sheet.ffn
+    out.append(Cell("ffn.hidden", (ffn_in,),
+                    lambda a: np.maximum(a @ f["w_1"] + f["b_1"], 0.0) if sw.relu else a @ f["w_1"] + f["b_1"]))
+    out.append(Cell("ffn.output", ("ffn.hidden",), lambda h: h @ f["w_2"] + f["b_2"]))
+    out.append(Cell("sublayers.1.residual", ("sublayers.1.input", "ffn.output"), add))
+    if placement == "post":
+        out.append(Cell("sublayers.1.normed", ("sublayers.1.residual",), norm(1)))
+        out.append(Cell("output", ("sublayers.1.normed",), lambda a: a.copy()))
+    else:
+        out.append(Cell("output", ("sublayers.1.residual",), lambda a: a.copy()))
+    return out
+
+
+def merge(own: np.ndarray | None, computed: np.ndarray) -> np.ndarray:
+    """A student's table where they wrote a number, the computed one where they left an entry empty (NaN)."""
+    if own is None:
+        return computed
+    return np.where(np.isnan(own), computed, own)
+
+
+def run(sheet, sw: Switches = RIGHT, own: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Every cell as `sw` computes it; with `own`, each cell from the student's own earlier cells."""
+    values: dict[str, np.ndarray] = {}
+    for cell in cells(sheet, sw):
+        args = [merge(own.get(p) if own else None, values[p]) for p in cell.inputs]
+        values[cell.path] = cell.fn(*args)
+    return values
+
+
+def run_cell(cell: Cell, args: list[np.ndarray]) -> np.ndarray:
+    return cell.fn(*args)
+
+
+def with_switch(sw: Switches, **changes) -> Switches:
+    return replace(sw, **changes)
