@@ -103,6 +103,8 @@ class LabAPI:
         self._load_lock = threading.Lock()      # guards the lazily loaded model
         self._verify_lock = threading.Lock()    # guards the claims table (apart: /api/info must not wait on it)
         self._verify_cache: dict | None = None
+        self._bundle_lock = threading.Lock()    # guards the model bundle (built once, at its first request)
+        self._bundle_cache: dict | None = None
 
     # -- dependencies, loaded when first needed
     @property
@@ -130,6 +132,7 @@ class LabAPI:
         ("POST", "/api/patch", "patch"),
         ("POST", "/api/attribute", "attribute"),
         ("GET", "/api/info", "info"),
+        ("GET", "/api/bundle", "bundle"),
     )
 
     # -- POST /api/trace
@@ -231,6 +234,16 @@ class LabAPI:
                 "default_source": lesson_text(DEFAULT_SOURCE, source), "default_target": DEFAULT_TARGET,
                 "patch_corrupt": lesson_text(PATCH_CORRUPT, source),
                 "patch_predict": examples.LESSON_PREDICT, "swap": list(examples.SWAP_PAIR)}
+
+    # -- GET /api/bundle
+    def bundle(self) -> dict:
+        """The model as the page's engine reads it (lab/bundle.py), the limits the page checks and the model's
+        description; {"unsupported": reason} for a model only the server runs (a SentencePiece vocabulary)."""
+        with self._bundle_lock:
+            if self._bundle_cache is None:
+                from .export import page_payload
+                self._bundle_cache = page_payload(self)
+            return self._bundle_cache
 
     @staticmethod
     def describe(lab: LabModel) -> dict:

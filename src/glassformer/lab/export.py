@@ -1,18 +1,22 @@
 """`glassformer lab --export FILE`: the whole lab as one self-contained HTML file that works from file://.
 
-CSS and JS are inlined; every view's data is embedded as JSON. Switches that would need the server
-use precomputed results: for the BLOCK (and the 2×3 exercise) every combination of heads switched off,
-norm placement, scaling and mask; for the sentence, the original and the 我↔他 swap, positions on
-and off. Running your own trace spec or sentence needs the server and is disabled in the copy.
+The trained translator travels inside: its bundle (lab/bundle.py: config, vocabularies, weights as base64
+float32) is the page's last element, and the engine (static/engine/*.js, static/live.js) is inlined as one
+module script, so every view computes in the page — any sentence translated, walked, patched, read by the
+lens and ALTI+, the BLOCK's switches. What needs gradients (integrated gradients, input × gradient,
+saliency) is precomputed for the default sentence and labelled so. CSS and the classic scripts are inlined;
+a Content-Security-Policy forbids any network access and eval.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import posixpath
 import re
 from pathlib import Path
 
+from .. import limits
 from ..lesson import examples
 from .api import DEFAULT_SOURCE, DEFAULT_TARGET, LabAPI, lesson_text
 from .server import STATIC_DIR
@@ -21,7 +25,11 @@ MASKS = ("none", "causal", "padding")
 OFFLINE_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
                "img-src data:; base-uri 'none'; form-action 'none'")
 SCRIPT_TAG = re.compile(r'<script src="([^"<>]+)" defer></script>\n?')   # how index.html loads a script
+MODULE_TAG = re.compile(r'<script type="module" src="([^"<>]+)"></script>\n?')   # ... and its one module
 VIEWS_DIR = "views/"                 # where the view files are: inlined together, as one script element
+DTYPE = "float32"                    # the weights in the file: float16 moved p(him) by ~1e-4 (docs/lab.md)
+GRADIENT_METHODS = ("integrated-gradients", "input-x-gradient", "saliency")
+PAGE_LIMITS = ("MAX_SOURCE_CHARS", "MAX_TARGET_CHARS", "MAX_SENTENCE_TOKENS", "MAX_TOP_K", "MAX_BEAM")
 
 
 def with_toggles(spec: dict, disabled: tuple[int, ...], norm: str, scale: bool, mask: str) -> dict:
@@ -74,27 +82,37 @@ def swapped_source(units: list[str]) -> str | None:
     return examples.in_units(swapped)
 
 
+def page_payload(api: LabAPI, dtype: str = DTYPE) -> dict:
+    """What the page's engine loads: the model bundle, the limits the page checks, the model's description.
+
+    A model the engine cannot run (a SentencePiece vocabulary) gives {"unsupported": reason}: the page then
+    asks the server, as before."""
+    from ..data.tokenize import SourceTokenizer, TargetTokenizer
+    from .bundle import write_bundle
+
+    lab = api.lab_model
+    if not isinstance(lab.source, SourceTokenizer) or not isinstance(lab.target, TargetTokenizer):
+        return {"unsupported": "this model's tokenizers (SentencePiece) run on the server only"}
+    with api.lock:
+        bundle = write_bundle(lab.model, (lab.source, lab.target), dtype=dtype)
+    return {"bundle": bundle, "limits": {name: getattr(limits, name) for name in PAGE_LIMITS},
+            "model": api.describe(lab)}
+
+
+def precomputed_attribution(api: LabAPI) -> dict[str, dict]:
+    """The gradient methods of the "why" view for the default sentence and target (contrast her)."""
+    return {method: api.attribute({"method": method, "contrast": "her"}) for method in GRADIENT_METHODS}
+
+
 def export_data(api: LabAPI) -> dict:
-    """Everything the four views show, computed once."""
-    block = api.block()
-    sentence = {}
-    source = lesson_text(DEFAULT_SOURCE, api.lab_model.source)
-    for positions in (True, False):
-        flag = 1 if positions else 0
-        original = api.sentence({"source": source, "target": DEFAULT_TARGET, "positions": positions})
-        sentence[f"{flag}|0"] = original
-        swapped = swapped_source(original["source"])
-        if swapped is not None:
-            sentence[f"{flag}|1"] = api.sentence({"source": swapped, "target": DEFAULT_TARGET,
-                                                   "positions": positions})
+    """What the page cannot compute itself, computed once: the claims table, the masks batch, gradients."""
     return {
         "info": api.info(),
-        "block": block,
-        "block_variants": {"block": block_variants(api, block["spec"]),
-                           "exercise": block_variants(api, block["exercise"])},
-        "sentence": sentence,
+        "block": api.block(),
         "masks": api.masks(),
         "verify": api.verify(),
+        "attribution": precomputed_attribution(api),
+        "default": {"source": lesson_text(DEFAULT_SOURCE, api.lab_model.source), "target": DEFAULT_TARGET},
     }
 
 
@@ -111,15 +129,89 @@ def _static_text(static: Path, name: str) -> str:
     return _script_safe(path.read_text(encoding="utf-8"), name)
 
 
+IMPORT = re.compile(r'^import\s*\{([^}]*)\}\s*from\s*"(\.{1,2}/[^"]+)";[ \t]*$', re.M)
+EXPORT_FROM = re.compile(r'^export\s*\{([^}]*)\}\s*from\s*"(\.{1,2}/[^"]+)";[ \t]*$', re.M)
+EXPORT_LIST = re.compile(r'^export\s*\{([^}]*)\};?[ \t]*$', re.M)
+EXPORT_DECL = re.compile(r'^export\s+((?:async\s+)?function\*?|class|const|let|var)\s+([A-Za-z_$][\w$]*)', re.M)
+
+
+def _names(listing: str) -> list[tuple[str, str]]:
+    """`a, b as c` -> [(a, a), (b, c)]: (local name, exported name)."""
+    pairs = []
+    for item in (x.strip() for x in listing.split(",")):
+        if item:
+            local, _, alias = item.partition(" as ")
+            pairs.append((local.strip(), (alias or local).strip()))
+    return pairs
+
+
+def module_script(static: Path, entry: str = "live.js") -> str:
+    """The ES modules `entry` imports (and theirs), as one inline module script's text.
+
+    Each module becomes a function scope that returns its exports (`const __m3 = (() => {...; return {...};})()`),
+    in dependency order; `import {a, b as c} from "./x.js"` becomes `const {a, b: c} = __m1;`. Only this
+    import and export subset is allowed (no default export, no dynamic import): anything else is an error.
+    """
+    order: list[str] = []
+    texts: dict[str, str] = {}
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in texts:
+            return
+        if name in path:
+            raise ValueError(f"{name}: an import cycle ({' -> '.join((*path, name))}) cannot be inlined")
+        text = _static_text(static, name)
+        for bad in ("export default", "import(", "import.meta", "import *"):
+            if bad in text:
+                raise ValueError(f"{name}: `{bad}` cannot be inlined into the offline page")
+        deps = [posixpath.normpath(posixpath.join(posixpath.dirname(name), m.group(2)))
+                for pattern in (IMPORT, EXPORT_FROM) for m in pattern.finditer(text)]
+        for dep in deps:
+            visit(dep, (*path, name))
+        texts[name] = text
+        order.append(name)
+
+    visit(entry, ())
+    var = {name: f"__m{i}" for i, name in enumerate(order)}
+    return "\n".join(_scoped_module(name, texts[name], var) for name in order)
+
+
+def _scoped_module(name: str, text: str, var: dict[str, str]) -> str:
+    """One module as `const __mN = (() => { body; return {exports}; })();` (its imports read earlier ones)."""
+    here = posixpath.dirname(name)
+
+    def target(m: re.Match) -> str:
+        return var[posixpath.normpath(posixpath.join(here, m.group(2)))]
+
+    def imported(m: re.Match) -> str:
+        names = ", ".join(local if local == alias else f"{local}: {alias}" for local, alias in _names(m.group(1)))
+        return f"const {{ {names} }} = {target(m)};"
+
+    exports: list[str] = []
+    for m in EXPORT_FROM.finditer(text):
+        exports += [f"{alias}: {target(m)}.{local}" for local, alias in _names(m.group(1))]
+    text = IMPORT.sub(imported, EXPORT_FROM.sub("", text))
+    for m in EXPORT_LIST.finditer(text):
+        exports += [f"{alias}: {local}" for local, alias in _names(m.group(1))]
+    text = EXPORT_LIST.sub("", text)
+    exports += [m.group(2) for m in EXPORT_DECL.finditer(text)]
+    text = EXPORT_DECL.sub(lambda m: f"{m.group(1)} {m.group(2)}", text)
+    if re.search(r"^\s*(import|export)\b", text, re.M):
+        raise ValueError(f"{name}: an import or export form the offline page cannot inline")
+    return f"// {name}\nconst {var[name]} = (() => {{\n{text}\nreturn {{ {', '.join(exports)} }};\n}})();"
+
+
 def inline_scripts(page: str, static: Path, data: str) -> str:
-    """Every `<script src=... defer>` of index.html replaced by the file's text, in the page's own order.
+    """Every `<script src=... defer>` of index.html replaced by the file's text, in the page's own order, and
+    its one `<script type="module" src=...>` by the module and everything it imports (module_script).
 
     The embedded data goes just before app.js (which reads it); the view files (views/*.js) share one
-    script element, each marked with its name. Inline scripts run in document order, as deferred ones do,
-    so index.html's order is kept as it is.
+    script element, each marked with its name. Inline classic scripts run while the page is read, the module
+    once it is read (as deferred ones do), before DOMContentLoaded, when app.js starts the views.
     """
     names = [match.group(1) for match in SCRIPT_TAG.finditer(page)]
-    if len(re.findall(r"<script\b[^>]*\ssrc\s*=", page)) != len(names):
+    modules = [match.group(1) for match in MODULE_TAG.finditer(page)]
+    if len(re.findall(r"<script\b[^>]*\ssrc\s*=", page)) != len(names) + len(modules) or len(modules) > 1:
         raise ValueError("index.html loads a script in a form the export does not recognise")
     if "app.js" not in names:
         raise ValueError("index.html no longer loads app.js; the export cannot inline it")
@@ -135,20 +227,39 @@ def inline_scripts(page: str, static: Path, data: str) -> str:
         script = f"<script>\n{_static_text(static, name)}\n</script>\n"
         return f"<script>window.LAB_EMBED = {data};</script>\n{script}" if name == "app.js" else script
 
-    return SCRIPT_TAG.sub(inline, page)
+    page = SCRIPT_TAG.sub(inline, page)
+
+    def module(m: re.Match) -> str:
+        return f'<script type="module">\n{_script_safe(module_script(static, m.group(1)), m.group(1))}\n</script>\n'
+
+    return MODULE_TAG.sub(module, page)
 
 
-def build_html(api: LabAPI, static_dir: str | Path = STATIC_DIR) -> str:
-    """The page with its CSS, scripts and embedded data inlined (no external request at all)."""
+def _json_in_html(value) -> str:
+    """JSON text safe inside a script element: no `<` at all (\\u003c within strings, where it only occurs)."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).replace("<", "\\u003c")
+
+
+def build_html(api: LabAPI, static_dir: str | Path = STATIC_DIR, dtype: str = DTYPE) -> str:
+    """The page with its CSS, scripts, embedded data and model inlined (no external request at all).
+
+    The model is the last element (`<script type="application/json" id="lab-bundle" data-chars=N>`): a file
+    cut short loses the end of the model first, and the page says so in one line (live.js)."""
     static = Path(static_dir)
     page = (static / "index.html").read_text(encoding="utf-8")
     css = _script_safe((static / "style.css").read_text(encoding="utf-8"), "style.css")
     data = json.dumps(export_data(api), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     data = data.replace("</", "<\\/").replace("<!--", "<\\!--")
+    payload = page_payload(api, dtype)
+    if "unsupported" in payload:
+        raise ValueError(f"the offline page cannot hold this model: {payload['unsupported']}")
+    model = _json_in_html(payload)
     pieces = {
         '<meta charset="utf-8">':
             f'<meta charset="utf-8">\n<meta http-equiv="Content-Security-Policy" content="{OFFLINE_CSP}">',
         '<link rel="stylesheet" href="style.css">': f"<style>\n{css}\n</style>",
+        "</body>":
+            f'<script type="application/json" id="lab-bundle" data-chars="{len(model)}">{model}</script>\n</body>',
     }
     for old, new in pieces.items():
         if old not in page:
@@ -157,8 +268,8 @@ def build_html(api: LabAPI, static_dir: str | Path = STATIC_DIR) -> str:
     return inline_scripts(page, static, data)
 
 
-def write_export(api: LabAPI, path: str | Path) -> int:
+def write_export(api: LabAPI, path: str | Path, dtype: str = DTYPE) -> int:
     """Write the offline page to `path`; returns its size in bytes."""
-    html = build_html(api).encode("utf-8")
+    html = build_html(api, dtype=dtype).encode("utf-8")
     Path(path).write_bytes(html)
     return len(html)

@@ -160,6 +160,33 @@
     return table;
   }
 
+  // The model in the page (live.js: the engine over the model bundle), or null when this model runs on the
+  // server only (a SentencePiece vocabulary): the views then ask the server. In the exported page a model that
+  // did not load is an error (live.js has said why in one line).
+  let liveState;
+  async function live() {
+    if (liveState === undefined) {
+      const L = window.LAB_LIVE;
+      if (!L) {
+        if (EMBED) throw new LabError(t("live.broken"), "file");
+        liveState = null;
+      } else {
+        busy(+1);
+        try { await L.ready; liveState = L; } catch (err) {
+          if (EMBED || err.field === "file") throw new LabError(err.message, err.field);
+          liveState = null;
+        } finally { busy(-1); }
+      }
+    }
+    return liveState;
+  }
+
+  // long work in the page: the busy mark on, then the work (which yields to the page now and then)
+  async function compute(fn) {
+    busy(+1);
+    try { await new Promise((r) => setTimeout(r, 0)); return await fn(); } finally { busy(-1); }
+  }
+
   // /api/info, fetched once (the exported page carries it)
   async function info() {
     if (!S.info) S.info = EMBED ? EMBED.info : await api("GET", "/api/info");
@@ -172,7 +199,7 @@
   function register(name, view) { VIEWS.set(name, view); }
 
   // everything a view file may use, written once here
-  window.LAB = { S, EMBED, TOL, t, el, api, info, fmt, fmtSmall, heat, as2d, matrix, showError, LabError, register };
+  window.LAB = { S, EMBED, TOL, t, el, api, info, live, compute, fmt, fmtSmall, heat, as2d, matrix, showError, LabError, register };
 
   function renderAll() {
     VIEWS.forEach((view) => view.render());
