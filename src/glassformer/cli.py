@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "trace": ("glassformer.lesson.commands", "run a trace-spec v1 JSON file in float64, print the JSON trace"),
     "lesson": ("glassformer.lesson.commands", "the lesson's worked examples, computed by the model code"),
     "verify": ("glassformer.lesson.commands", "check every claim of the lesson (A1...G2), one row each"),
+    "exercise": ("glassformer.lesson.exercises.commands", "per-student sheets of the lesson's arithmetic, "
+                 "checked cell by cell with the mistake named"),
     "train": ("glassformer.training.commands", "train the Chinese->English translator"),
     "translate": ("glassformer.decoding.commands", "translate Chinese sentences (arguments or stdin)"),
     "evaluate": ("glassformer.interpret.evaluation", "sacreBLEU BLEU and chrF of a model on a split (--source-share)"),
