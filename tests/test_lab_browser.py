@@ -6,9 +6,11 @@ CI a missing browser is a failure. Screenshots of every view land in artifacts/ 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -314,5 +316,182 @@ def test_an_imported_six_plus_six_model_in_the_sentence_and_patching_views(brows
         heads = p.page.locator('[data-probe="patch.heads"] tbody tr')
         assert heads.count() == 6 and heads.first.locator("td").count() == cfg.heads
         assert p.errors == [] and p.outside == []
+    finally:
+        p.close()
+
+
+# ---- the exported file computes in the page ----------------------------------------------------------------
+NEW_SENTENCES = ("他每天早上喝一杯茶。", "我们明天去北京。", "这本书很有意思。")   # none is a default of the page
+HEAD_OFF = "decoder.1.cross_attention.head.1"
+
+
+class OfflinePage(Page):
+    """A page that may load file:// only: every other request is aborted and recorded."""
+
+    def _route(self, route) -> None:
+        url = route.request.url
+        if url.startswith("file://"):
+            route.continue_()
+        else:
+            self.outside.append(url)
+            route.abort()
+
+    def open(self, path: Path, view: str = "sentence") -> float:
+        """Open the file and wait for window.glassformer.ready; the seconds it took."""
+        start = time.perf_counter()
+        self.page.goto(path.as_uri() + "#" + view)
+        self.page.wait_for_function("() => window.glassformer !== undefined", timeout=20000)
+        self.page.evaluate("() => window.glassformer.ready")
+        return time.perf_counter() - start
+
+
+def _exported(api: LabAPI, folder: Path) -> Path:
+    out = folder / "lab.html"
+    write_export(api, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained_export(tiny_run, tmp_path_factory):
+    from glassformer.lab.api import load_model
+
+    lab = load_model(tiny_run, required=True)
+    api = LabAPI(lab, run_claims=lambda: [claims.run_check(c) for c in FAST_CLAIMS])
+    return lab, _exported(api, tmp_path_factory.mktemp("export"))
+
+
+def _p_next(lab, source: str, prefix: str, off: str | None = None) -> dict[str, float]:
+    """The model's own p(next | BOS + prefix) by token piece, a head switched off through its hooks."""
+    model = lab.model
+    src = torch.tensor([lab.source.encode(source)])
+    tgt = torch.tensor([[model.cfg.bos_id, *lab.target.encode(prefix)]])
+    hooks = {f"{off}.output": lambda value, name: torch.zeros_like(value)} if off else {}
+    with torch.inference_mode(), model.intervene(hooks) if hooks else contextlib.nullcontext():
+        p = torch.softmax(model(src, tgt)[0, -1].double(), dim=-1)
+    return {lab.piece(i): float(p[i]) for i in range(p.numel())}
+
+
+def test_the_exported_file_translates_offline_as_the_python_translator(browser, trained_export):
+    from glassformer.decoding.translator import Translator
+
+    lab, out = trained_export
+    translator = Translator(lab.model, lab.source, lab.target)
+    p = OfflinePage(browser, locale="en-US")
+    try:
+        p.open(out)
+        for sentence in NEW_SENTENCES:
+            for beam in (1, 4):
+                shown = p.page.evaluate("([s, b]) => window.glassformer.translate(s, {beam: b})", [sentence, beam])
+                assert shown == translator.translate([sentence], beam)[0], (sentence, beam)
+        # a head switched off: next() against the model's own hooks
+        for off in (None, HEAD_OFF):
+            got = p.page.evaluate("([s, o]) => window.glassformer.next(s, 'I gave', o ? {off: [o]} : {})",
+                                  ["我昨天给了他一本书。", off])
+            assert len(got) >= 10 and all(a["p"] >= b["p"] for a, b in zip(got, got[1:], strict=False))
+            want = _p_next(lab, "我昨天给了他一本书。", "I gave", off)
+            assert all(abs(entry["p"] - want[entry["token"]]) < 1e-6 for entry in got), (off, got[:3])
+        default = p.page.evaluate("() => window.glassformer.next('我昨天给了他一本书。', 'I gave')")
+        switched = p.page.evaluate("(o) => window.glassformer.next('我昨天给了他一本书。', 'I gave', {off: [o]})",
+                                   HEAD_OFF)
+        assert default != switched
+        # the sentence view: type a new sentence, read its translation
+        p.page.wait_for_function("() => Number(document.body.dataset.sentenceRuns || 0) >= 1", timeout=20000)
+        p.page.uncheck("#sent-teacher")
+        p.page.wait_for_function("() => Number(document.body.dataset.sentenceRuns || 0) >= 2", timeout=20000)
+        p.page.fill("#sent-source", NEW_SENTENCES[0])
+        p.page.click("#sent-run")
+        p.page.wait_for_function("() => Number(document.body.dataset.sentenceRuns || 0) >= 3", timeout=20000)
+        assert p.page.inner_text("#translation") == translator.translate([NEW_SENTENCES[0]])[0]
+        assert p.outside == [] and p.errors == []
+    finally:
+        p.close()
+
+
+def test_bad_input_in_the_exported_file_is_one_clear_line(browser, trained_export):
+    lab, out = trained_export
+    p = OfflinePage(browser, locale="en-US")
+    try:
+        p.open(out)
+        error = p.page.evaluate("() => window.glassformer.translate('我'.repeat(401)).then(() => '', (e) => e.message)")
+        assert error == "source: characters is 401; the limit is 400 (MAX_SOURCE_CHARS)"
+        limit = lab.model.cfg.max_len
+        error = p.page.evaluate("(n) => window.glassformer.translate('。'.repeat(n)).then(() => '', (e) => e.message)",
+                                limit + 1)
+        assert error == f"source: {limit + 1} units, over the model's limit of {limit} source units (shorten it)"
+        error = p.page.evaluate("() => window.glassformer.next('我', '', {off: ['decoder.9.cross_attention.head.0']})"
+                                ".then(() => '', (e) => e.message)")
+        assert error.startswith("off: decoder.9.cross_attention.head.0 is not a head of this model")
+        unknown = p.page.evaluate("() => window.glassformer.analyse('龘我')")
+        assert unknown["unknown"] == lab.source.analyse("龘我").unknown == ["龘"]
+        p.page.wait_for_function("() => Number(document.body.dataset.sentenceRuns || 0) >= 1", timeout=20000)
+        p.page.fill("#sent-source", "我".repeat(401))
+        p.page.click("#sent-run")
+        p.page.wait_for_selector("#error:not([hidden])", timeout=20000)
+        assert "MAX_SOURCE_CHARS" in p.page.inner_text("#error") and "\n" not in p.page.inner_text("#error").strip()
+        assert p.outside == [] and p.errors == []
+    finally:
+        p.close()
+
+
+def test_a_damaged_or_truncated_file_says_so_in_one_line(browser, trained_export, tmp_path):
+    _, out = trained_export
+    text = out.read_text(encoding="utf-8")
+    cut = tmp_path / "cut.html"
+    cut.write_text(text[: len(text) - len(text) // 3], encoding="utf-8")          # a copy stopped two thirds in
+    at = text.index('"data":"') + 5000
+    flipped = tmp_path / "flipped.html"
+    flipped.write_text(text[:at] + "!" + text[at + 1:], encoding="utf-8")        # one character of the weights
+    for path, words in ((cut, "damaged"), (flipped, "model bundle")):
+        p = OfflinePage(browser, locale="en-US")
+        try:
+            p.page.goto(path.as_uri() + "#sentence")
+            p.page.wait_for_selector("#error:not([hidden])", timeout=20000)
+            line = p.page.inner_text("#error").strip()
+            assert words in line and "\n" not in line, line
+            assert p.page.evaluate("() => window.glassformer.ready.then(() => 'ok', (e) => e.message)") != "ok"
+            assert p.outside == []
+        finally:
+            p.close()
+
+
+@pytest.fixture(scope="module")
+def default_shaped_export(tmp_path_factory):
+    """The lab of a model of the default preset's shape and vocabularies (seeded weights: speed and size only)."""
+    from glassformer.lab.api import LabModel
+    from glassformer.model import ModelConfig, Transformer
+    from glassformer.training.prepare_data import prepare_data
+    from glassformer.training.settings import preset_settings
+
+    recipe = preset_settings("default")
+    data = prepare_data(recipe)
+    cfg = ModelConfig(**recipe.model.model_dump(), src_vocab=data.source.vocab_size, tgt_vocab=data.target.vocab_size)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = Transformer(cfg)
+    lab = LabModel.build(model, data.source, data.target, trained=True, origin="default preset's shape, seeded")
+    api = LabAPI(lab, run_claims=lambda: [claims.run_check(c) for c in FAST_CLAIMS])
+    return lab, _exported(api, tmp_path_factory.mktemp("default"))
+
+
+def test_the_default_models_file_meets_its_budgets(browser, default_shaped_export):
+    """file <= 25 MB; ready <= 5 s; a greedy translation <= 1.5 s; the full patching table <= 3 s (2 cores)."""
+    lab, out = default_shaped_export
+    size = out.stat().st_size
+    p = OfflinePage(browser, locale="en-US")
+    try:
+        ready = p.open(out, "block")
+        translate = p.page.evaluate("""async () => {
+            const t0 = performance.now(); await window.glassformer.translate('他每天早上喝一杯茶。');
+            return (performance.now() - t0) / 1000; }""")
+        patch = p.page.evaluate("""async () => {
+            const t0 = performance.now();
+            const r = await window.LAB_LIVE.patch({clean: '我昨天给了他一本书。', corrupt: '我昨天给了她一本书。',
+                                                  target: 'I gave him a book yesterday.', predict: 'him'});
+            return [(performance.now() - t0) / 1000, r.runs[0].heads.length, r.runs[0].positions.length]; }""")
+        print(f"\ndefault-shaped model ({sum(t.numel() for t in lab.model.parameters()):,} parameters): file "
+              f"{size / 1e6:.1f} MB, ready {ready:.2f} s, greedy translation {translate:.2f} s, full patching table "
+              f"{patch[0]:.2f} s ({patch[1]} layers of heads, {patch[2]} layers of positions)")
+        assert size <= 25_000_000 and ready <= 5 and translate <= 1.5 and patch[0] <= 3
+        assert p.outside == [] and p.errors == []
     finally:
         p.close()

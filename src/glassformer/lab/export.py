@@ -29,6 +29,7 @@ MODULE_TAG = re.compile(r'<script type="module" src="([^"<>]+)"></script>\n?')  
 VIEWS_DIR = "views/"                 # where the view files are: inlined together, as one script element
 DTYPE = "float32"                    # the weights in the file: float16 moved p(him) by ~1e-4 (docs/lab.md)
 GRADIENT_METHODS = ("integrated-gradients", "input-x-gradient", "saliency")
+PRECOMPUTED_METHODS = (*GRADIENT_METHODS, "attention")   # the "why" view's methods the page does not run itself
 PAGE_LIMITS = ("MAX_SOURCE_CHARS", "MAX_TARGET_CHARS", "MAX_SENTENCE_TOKENS", "MAX_TOP_K", "MAX_BEAM")
 
 
@@ -100,8 +101,8 @@ def page_payload(api: LabAPI, dtype: str = DTYPE) -> dict:
 
 
 def precomputed_attribution(api: LabAPI) -> dict[str, dict]:
-    """The gradient methods of the "why" view for the default sentence and target (contrast her)."""
-    return {method: api.attribute({"method": method, "contrast": "her"}) for method in GRADIENT_METHODS}
+    """The "why" view's gradient methods (and attention weights, by word) for the default sentence and target."""
+    return {method: api.attribute({"method": method, "contrast": "her"}) for method in PRECOMPUTED_METHODS}
 
 
 def export_data(api: LabAPI) -> dict:

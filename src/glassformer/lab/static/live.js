@@ -255,37 +255,48 @@ async function patch(S, body, onProgress) {
   };
 }
 
-/** The logit lens and ALTI+ of a sentence and target (the "why" view's methods that need no gradient). */
+/** ALTI+ and the logit lens of a sentence and target (what the "why" view computes without gradients), in the
+ * shape of POST /api/attribute with method "alti" (rows by target token). */
 async function explainLive(S, body) {
+  if (typeof body.source !== "string" || !body.source.trim()) throw new LiveError("source: expected a non-empty Chinese sentence", "source");
   const enc = checkSource(S, body.source);
   if (!enc.ids.length) throw new LiveError("source: no units after splitting", "source");
   const cfg = S.config;
-  let ids;
-  if (typeof body.target === "string" && body.target.trim()) ids = checkTarget(S, body.target);
-  else ids = generate(S.model, enc.ids, { beam: 1 }).tokens;
-  const tgtIn = [cfg.bos_id, ...ids];
+  const forced = typeof body.target === "string" && body.target.trim();
   await pause();
-  const contrastWord = body.contrast ? String(body.contrast).trim() : null;
-  let row = 0; let token = ids[0] !== undefined ? ids[0] : cfg.eos_id; let word = null;
-  if (body.predict) {
-    try { const f = focusRow(S, S.target.decode(ids), body.predict); row = f.row; token = f.token; word = f.word; } catch (e) { word = null; }
+  const hyp = forced ? null : generate(S.model, enc.ids, { beam: 1 });
+  const ids = forced ? checkTarget(S, body.target) : hyp.tokens;
+  const tgtIn = [cfg.bos_id, ...ids];
+  const names = tgtIn.map((id) => S.target.piece(id, cfg));
+  const labelOf = (t) => (t + 1 < tgtIn.length ? tgtIn[t + 1] : cfg.eos_id);
+  let row = names.findIndex((n, t) => t > 0 && n.toLowerCase() === "gave");      // interpret/why.py lens_row
+  const why = row >= 0 ? "the row whose newest input is 'gave'" : "no 'gave' in the target: row 0";
+  if (row < 0) row = 0;
+  const contrastWord = body.contrast && String(body.contrast).trim() ? String(body.contrast).trim() : null;
+  let contrastId = null;
+  if (contrastWord) {
+    const pieces = S.target.encode(contrastWord);
+    if (pieces.length !== 1 || pieces[0] === 3) throw new LiveError(`contrast: '${contrastWord}' is not one token of the target vocabulary`, "contrast");
+    contrastId = pieces[0];
   }
-  const contrastId = contrastWord ? S.target.encode(contrastWord)[0] : null;
-  const lens = logitLens(S.model, enc.ids, tgtIn, row, token, contrastId === undefined ? null : contrastId);
+  const lens = logitLens(S.model, enc.ids, tgtIn, row, labelOf(row), contrastId);
   await pause();
   const alti = altiPlus(S.model, enc.ids, tgtIn);
-  const prefixNames = tgtIn.map((id) => S.target.piece(id, cfg));
-  const S_ = enc.ids.length;
-  const altiRows = [];
-  for (let t = 0; t < tgtIn.length; t++) {
+  const n = enc.ids.length;
+  const rowsOut = tgtIn.map((_, t) => {
     const r = Array.from(alti.data.subarray(t * alti.cols, (t + 1) * alti.cols));
-    const sourceShare = r.slice(0, S_).reduce((a, b) => a + b, 0);
-    const label = t + 1 < tgtIn.length ? tgtIn[t + 1] : cfg.eos_id;
-    altiRows.push({ token: S.target.piece(label, cfg), position: t, source: enc.units.map((u, j) => [u, r[j]]),
-      prefix: prefixNames.slice(0, t + 1).map((p, k) => [p, r[S_ + k]]), source_share: sourceShare });
-  }
-  return { units: enc.units, unknown: enc.unknown, target_ids: ids, row, token: S.target.piece(token, cfg), word,
-    contrast: contrastWord, lens, alti: altiRows, reading: lens.reading };
+    const share = r.slice(0, n).reduce((a, b) => a + b, 0);
+    return { position: t, token: S.target.piece(labelOf(t), cfg), source: enc.units.map((u, j) => [u, r[j]]),
+      prefix: names.slice(0, t + 1).map((p, k) => [p, r[n + k]]), sum: r.reduce((a, b) => a + b, 0), delta: null,
+      error: null, steps: null, passes: null, source_share: share };
+  });
+  return {
+    model: S.info, method: "alti", contrast: null, integration: null, rows: rowsOut,
+    details: { units: enc.units, unknown: enc.unknown, translation: S.target.decode(ids), mode: forced ? "teacher-forced" : "greedy",
+      finished: forced ? true : hyp.finished, inputs: names, steps: null, baseline: null,
+      lens: Object.assign({}, lens, { row, token: S.target.piece(labelOf(row), cfg), contrast: contrastWord, why,
+        sees: names.slice(0, row + 1) }) },
+  };
 }
 
 // ---------------------------------------------------------------- wiring

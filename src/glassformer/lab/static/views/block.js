@@ -1,7 +1,7 @@
 // glassformer lab, view 1 "block" (#block): one encoder block (or the 2×3 attention exercise) walked step by step, with its switches.
 "use strict";
 (function () {
-  const { S, EMBED, TOL, t, el, api, fmt, fmtSmall, as2d, matrix, showError, LabError, register } = window.LAB;
+  const { S, EMBED, TOL, t, el, api, live, fmt, fmtSmall, as2d, matrix, showError, LabError, register } = window.LAB;
 
   S.block = { base: null, tokens: null, which: "block", toggles: null, row: 0, current: null, prev: null,
               runs: 0, custom: "", presets: null, specOpen: false };
@@ -31,8 +31,14 @@
     return doc;
   }
 
-  function variantKey(tg) {
-    return `${tg.disabled.slice().sort((a, b) => a - b).join(",")}|${tg.norm}|${tg.scale ? 1 : 0}|${tg.mask}`;
+  // a trace spec through engine/trace.js in the page (the same numbers as POST /api/trace), else the server
+  async function trace(doc) {
+    const L = await live();
+    if (!L) return api("POST", "/api/trace", doc);
+    try { return await L.trace(doc); } catch (err) {
+      const m = /^([\w.[\]]+): /.exec(err.message);
+      throw new LabError(err.message, m ? m[1] : "body");
+    }
   }
 
   function rowTimes(row, w, b) {                   // row · W (+ b), float64 like the server
@@ -108,12 +114,7 @@
     const doc = withToggles(S.block.base, tg);
     let result;
     try {
-      if (EMBED) {
-        result = (EMBED.block_variants[S.block.which] || {})[variantKey(tg)];
-        if (!result) throw new LabError("offline copy has no precomputed result for this combination", "toggles");
-      } else {
-        result = await api("POST", "/api/trace", doc);
-      }
+      result = await trace(doc);
       showError(null);
     } catch (err) { showError(err); renderBlock(); return; }
     const values = blockValues(doc, result);
@@ -159,11 +160,11 @@
 
   function specPanel() {
     const b = S.block;
-    const area = el("textarea", { id: "spec-text", rows: "6", spellcheck: "false", readonly: !!EMBED,
+    const area = el("textarea", { id: "spec-text", rows: "6", spellcheck: "false",
       placeholder: '{"version": 1, "kind": "encoder_block", ...}' });
     area.value = b.custom;
     area.addEventListener("input", () => { b.custom = area.value; });
-    const file = el("input", { type: "file", id: "spec-file", accept: ".json,application/json", disabled: !!EMBED,
+    const file = el("input", { type: "file", id: "spec-file", accept: ".json,application/json",
       onchange: async (e) => {
         const f = e.target.files[0]; if (!f) return;
         b.custom = await f.text(); area.value = b.custom; runCustom();
@@ -171,10 +172,10 @@
     const details = el("details", { class: "spec", open: b.specOpen || b.which === "custom",
       ontoggle: (e) => { b.specOpen = e.target.open; } },
       el("summary", {}, `${t("block.source")}: ${t("block." + (b.which === "block" ? "lesson" : b.which))}`),
-      el("p", {}, EMBED ? t("block.offline.custom") : t("block.paste")), area,
+      el("p", {}, t("block.paste")), area,
       el("div", { class: "row" },
         el("label", { class: "file" }, t("block.upload"), " ", file),
-        el("button", { type: "button", id: "spec-run", disabled: !!EMBED, onclick: runCustom }, t("block.run")),
+        el("button", { type: "button", id: "spec-run", onclick: runCustom }, t("block.run")),
         el("button", { type: "button", id: "preset-block", disabled: b.which === "block",
           onclick: () => { usePreset("block"); runBlock(); } }, t("block.reset")),
         el("button", { type: "button", id: "preset-exercise", disabled: b.which === "exercise",
@@ -186,7 +187,7 @@
     let doc;
     try { doc = JSON.parse(S.block.custom); } catch (e) { showError(new LabError(`invalid JSON: ${e.message}`, "body")); return; }
     if (!doc || typeof doc !== "object" || Array.isArray(doc)) { showError(new LabError("a trace spec is a JSON object", "body")); return; }
-    try { await api("POST", "/api/trace", doc); } catch (err) { showError(err); return; }   // validate first
+    try { await trace(doc); } catch (err) { showError(err); return; }   // validate first
     S.block.base = doc; S.block.which = "custom"; S.block.toggles = lessonToggles(doc);
     S.block.current = null; S.block.prev = null; S.block.row = 0;
     await runBlock();

@@ -1,15 +1,16 @@
 // glassformer lab, view 5 "patch" (#patch): activation or attribution patching, the share of clean→corrupt each head and position restores.
 "use strict";
 (function () {
-  const { S, EMBED, t, el, api, info, fmt, heat, showError, register } = window.LAB;
+  const { S, EMBED, t, el, api, info, live, fmt, heat, showError, register } = window.LAB;
 
-  S.patch = { clean: null, corrupt: null, target: null, predict: null, method: "activation", result: null, runs: 0 };
+  S.patch = { clean: null, corrupt: null, target: null, predict: null, method: "activation", result: null, runs: 0,
+              progress: null, live: false };
 
   async function loadPatch() {
     const st = S.patch;
     if (st.clean !== null) return;
-    if (EMBED) { renderPatch(); return; }                 // patching needs the server: one forward pass per cell
     await info();
+    st.live = !!(await live());                           // activation patching runs in the page when it can
     st.clean = S.info.default_source; st.corrupt = S.info.patch_corrupt; st.target = S.info.default_target;
     st.predict = S.info.patch_predict;
     await runPatch();
@@ -18,14 +19,29 @@
   async function runPatch() {
     const st = S.patch;
     renderPatch();
+    const body = { clean: st.clean, corrupt: st.corrupt, target: st.target, predict: st.predict, method: st.method };
     try {
-      st.result = await api("POST", "/api/patch", { clean: st.clean, corrupt: st.corrupt, target: st.target, predict: st.predict,
-        method: st.method });
+      if (st.live && st.method === "activation") {
+        const L = await live();
+        st.progress = { done: 0, total: 0 };
+        renderProgress();
+        st.result = await L.patch(body, (p) => { st.progress = p; renderProgress(); });
+      } else {
+        st.result = await api("POST", "/api/patch", body);
+      }
       showError(null);
-    } catch (err) { showError(err); return; }
+    } catch (err) { st.progress = null; renderProgress(); showError(err); return; } finally { st.progress = null; }
     renderPatch();
     st.runs += 1;
     document.body.dataset.patchRuns = String(st.runs);
+  }
+
+  function renderProgress() {                    // the scan's runs so far (the page stays usable meanwhile)
+    const node = document.getElementById("patch-progress");
+    if (!node) return;
+    const p = S.patch.progress;
+    node.hidden = !p;
+    node.textContent = p ? t("patch.progress", { d: p.done, n: p.total || "…" }) : "";
   }
 
   function fractionGrid(rows, rowLabels, colLabels, probe) {
@@ -41,7 +57,6 @@
     const st = S.patch;
     root.replaceChildren();
     root.append(el("h2", {}, t("patch.heading")), el("p", { class: "intro" }, t("patch.intro")));
-    if (EMBED) { root.append(el("p", { class: "note" }, t("patch.offline"))); return; }
     if (st.clean === null) { root.append(el("p", { class: "note" }, t("loading"))); return; }
     const input = (id, key, size) => {
       const node = el("input", { type: "text", id, value: st[key], size });
@@ -51,18 +66,21 @@
     const fields = [["patch-clean", "clean", "30"], ["patch-corrupt", "corrupt", "30"], ["patch-target", "target", "30"],
       ["patch-predict", "predict", "8"]].map(([id, key, size]) => [key, input(id, key, size)]);
     const method = el("select", { id: "patch-method" }, ["activation", "attribution"].map((m) =>
-      el("option", { value: m, selected: st.method === m }, t("patch.method." + m))));
+      el("option", { value: m, selected: st.method === m, disabled: m === "attribution" && !!EMBED },
+        t("patch.method." + m) + (m === "attribution" && EMBED ? " " + t("patch.server") : ""))));
     method.addEventListener("change", () => { st.method = method.value; runPatch(); });
     root.append(el("div", { class: "controls" },
       fields.map(([key, node]) => el("label", { class: "group" }, el("span", { class: "label" }, t("patch." + key)), node)),
       el("label", { class: "group" }, el("span", { class: "label" }, t("patch.method")), method),
       el("button", { type: "button", id: "patch-run", onclick: () => { fields.forEach(([key, node]) => { st[key] = node.value; }); runPatch(); } },
         t("patch.run"))));
+    root.append(el("p", { class: "note", id: "patch-progress", hidden: !st.progress }, ""));
     const r = st.result;
     if (!r) { root.append(el("p", { class: "note" }, t("loading"))); return; }
     const run = r.runs[0];
     root.append(el("p", { class: "badge " + (r.model.trained ? "trained" : "untrained") }, el("strong", {},
       `${t("sentence.model")}: ${r.model.trained ? t("trained") : t("untrained")}`), " — ", r.model.label[S.lang]));
+    if (st.live && r.method === "activation") root.append(el("p", { class: "note", id: "patch-live" }, t("live.computed")));
     if (r.method === "attribution") root.append(el("p", { class: "note", id: "patch-approx" }, t("patch.approx.note")));
     root.append(el("p", { id: "patch-quantity" }, t("patch.quantity", { w: r.predict, i: r.row, seen: r.row_sees.join(" ") })));
     root.append(el("p", { id: "patch-probs" }, t("patch.probs", { c: fmt(run.p_clean, 4), x: fmt(run.p_corrupt, 4),
@@ -78,6 +96,6 @@
 
   register("patch", {
     show: async () => { if (!S.patch.result) renderPatch(); await loadPatch(); },
-    render: () => { if (S.patch.clean !== null || EMBED) renderPatch(); },
+    render: () => { if (S.patch.clean !== null) renderPatch(); },
   });
 })();

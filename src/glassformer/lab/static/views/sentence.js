@@ -1,7 +1,7 @@
 // glassformer lab, view 2 "sentence" (#sentence): attention maps and next tokens for one sentence, and the 我↔他 swap check.
 "use strict";
 (function () {
-  const { S, EMBED, t, el, api, info, fmt, matrix, showError, register } = window.LAB;
+  const { S, t, el, api, info, live, compute, fmt, matrix, showError, register } = window.LAB;
 
   S.sentence = { source: null, target: null, teacher: true, positions: true, swapped: false,
                  results: null, row: null, sel: { enc: [0, 0], dec: [0, 0], cross: [0, 0] }, runs: 0 };
@@ -30,17 +30,14 @@
     const target = st.teacher ? st.target : null;
     let original; let swapped = null; let swap = null;
     try {
-      if (EMBED) {
-        original = EMBED.sentence[`${st.positions ? 1 : 0}|0`];
-        swapped = EMBED.sentence[`${st.positions ? 1 : 0}|1`];
-        swap = swappedSource(original);
-      } else {
-        const body = { source: st.source, positions: st.positions };
-        if (target) body.target = target;
-        original = await api("POST", "/api/sentence", body);
-        swap = swappedSource(original);
-        if (swap) swapped = await api("POST", "/api/sentence", Object.assign({}, body, { source: swap.text }));
-      }
+      const L = await live();                          // the engine in the page, else the server
+      const call = (body) => (L ? compute(() => L.sentence(body)) : api("POST", "/api/sentence", body));
+      const body = { source: st.source, positions: st.positions };
+      if (target) body.target = target;
+      original = await call(body);
+      swap = swappedSource(original);
+      if (swap) swapped = await call(Object.assign({}, body, { source: swap.text }));
+      st.live = !!L;
       showError(null);
     } catch (err) { showError(err); return; }
     st.results = { original, swapped, swap };
@@ -91,23 +88,24 @@
     root.append(el("p", { class: "badge " + (model.trained ? "trained" : "untrained"), id: "model-label" },
       el("strong", {}, `${t("sentence.model")}: ${model.trained ? t("trained") : t("untrained")}`), " — ",
       model.label[S.lang], ` (d=${model.config.d_model}, ${model.config.encoder_layers}+${model.config.decoder_layers}, ${model.config.heads}×)`));
-    const src = el("input", { type: "text", id: "sent-source", value: st.source, readonly: !!EMBED, size: "36" });
-    const tgt = el("input", { type: "text", id: "sent-target", value: st.target, readonly: !!EMBED, disabled: !st.teacher, size: "36" });
+    const src = el("input", { type: "text", id: "sent-source", value: st.source, size: "36" });
+    const tgt = el("input", { type: "text", id: "sent-target", value: st.target, disabled: !st.teacher, size: "36" });
     src.addEventListener("change", () => { st.source = src.value; st.swapped = false; });
     tgt.addEventListener("change", () => { st.target = tgt.value; });
     root.append(el("div", { class: "controls" },
       el("label", { class: "group" }, el("span", { class: "label" }, t("sentence.source")), src),
       el("label", { class: "group" }, el("span", { class: "label" }, t("sentence.target")), tgt),
-      el("label", { class: "group" }, el("input", { type: "checkbox", id: "sent-teacher", checked: st.teacher, disabled: !!EMBED,
+      el("label", { class: "group" }, el("input", { type: "checkbox", id: "sent-teacher", checked: st.teacher,
         onchange: (e) => { st.teacher = e.target.checked; runSentence(); } }), t("sentence.teacher")),
       el("label", { class: "group" }, el("input", { type: "checkbox", id: "sent-positions", checked: st.positions,
         onchange: (e) => { st.positions = e.target.checked; runSentence(); } }),
       `${t("sentence.positions")}: ${st.positions ? t("sentence.positions.on") : t("sentence.positions.off")}`),
-      el("button", { type: "button", id: "sent-run", disabled: !!EMBED, onclick: () => { st.source = src.value; st.target = tgt.value; st.swapped = false; st.row = null; runSentence(); } }, t("sentence.run")),
+      el("button", { type: "button", id: "sent-run", onclick: () => { st.source = src.value; st.target = tgt.value; st.swapped = false; st.row = null; runSentence(); } }, t("sentence.run")),
       el("button", { type: "button", id: "sent-swap", disabled: !st.results.swapped,
         onclick: () => { st.swapped = !st.swapped; renderSentence(); } }, t("sentence.swap", { a, b }))));
     root.append(el("p", { class: "note", id: "sent-showing" },
       st.results.swapped ? (st.swapped ? t("sentence.swapped") : t("sentence.original")) : t("sentence.noswap", { a, b })));
+    if (st.live) root.append(el("p", { class: "note", id: "sent-live" }, t("live.computed")));
     if (res.unknown && res.unknown.length) root.append(el("p", { class: "note" }, t("sentence.unknown", { u: res.unknown.join(" ") })));
     root.append(el("p", { class: "translation" }, el("strong", {}, `${res.mode === "greedy" ? t("sentence.greedy") : t("sentence.forced")}: `),
       el("span", { id: "translation" }, res.translation)));

@@ -2,16 +2,16 @@
 // the contrast box, the logit lens.
 "use strict";
 (function () {
-  const { S, EMBED, t, el, api, info, fmt, heat, showError, register } = window.LAB;
+  const { S, EMBED, t, el, api, info, live, compute, fmt, heat, showError, register } = window.LAB;
   const METHODS = ["integrated-gradients", "input-x-gradient", "saliency", "attention", "alti"];
   const SVG = "http://www.w3.org/2000/svg";
   const W = (S.why = {
     source: null, target: null, method: "integrated-gradients", contrast: "her", steps: "auto", tolerance: "0.01",
-    result: null, runs: 0,
+    result: null, runs: 0, origin: null,
   });
+  const LIVE_METHODS = ["alti"];                          // what the page computes itself (no gradient)
 
   async function show() {
-    if (EMBED) { render(); return; }                     // attribution needs the server (gradients)
     if (W.source !== null) { render(); return; }
     const lab = await info();
     W.source = lab.default_source; W.target = lab.default_target;
@@ -23,11 +23,22 @@
 
   async function run() {
     render();
+    const body = { source: W.source, target: W.target.trim() ? W.target : null, method: W.method,
+      contrast: W.contrast.trim() ? W.contrast.trim() : null, steps: asNumber(W.steps), tolerance: asNumber(W.tolerance) };
     try {
-      W.result = await api("POST", "/api/attribute", {
-        source: W.source, target: W.target.trim() ? W.target : null, method: W.method,
-        contrast: W.contrast.trim() ? W.contrast.trim() : null, steps: asNumber(W.steps), tolerance: asNumber(W.tolerance),
-      });
+      const L = await live();
+      if (L && LIVE_METHODS.includes(W.method)) {
+        W.result = await compute(() => L.explain(body));
+        W.origin = "live";
+      } else if (EMBED) {                                   // gradients: precomputed for the default sentence only
+        W.result = EMBED.attribution[W.method];
+        W.origin = "precomputed";
+        const d = EMBED.default;
+        if (W.source !== d.source || (W.target || "") !== d.target) { W.source = d.source; W.target = d.target; }
+      } else {
+        W.result = await api("POST", "/api/attribute", body);
+        W.origin = "server";
+      }
       showError(null);
     } catch (err) { showError(err); return; }
     render();
@@ -145,13 +156,14 @@
     const root = document.getElementById("view-why");
     if (!root) return;
     root.replaceChildren(el("h2", {}, t("why.heading")), el("p", { class: "intro" }, t("why.intro")));
-    if (EMBED) { root.append(el("p", { class: "note" }, t("why.offline"))); return; }
     if (W.source === null) { root.append(el("p", { class: "note" }, t("loading"))); return; }
     root.append(controls());
     const r = W.result;
     if (!r) { root.append(el("p", { class: "note" }, t("loading"))); return; }
     root.append(el("p", { class: "badge " + (r.model.trained ? "trained" : "untrained") }, el("strong", {},
       `${t("sentence.model")}: ${r.model.trained ? t("trained") : t("untrained")}`), " — ", r.model.label[S.lang]));
+    if (W.origin === "precomputed") root.append(el("p", { class: "note", id: "why-precomputed" }, t("why.precomputed")));
+    if (W.origin === "live") root.append(el("p", { class: "note", id: "why-live" }, t("why.live")));
     root.append(el("p", { class: "note", id: "why-method-note" }, t("why.note." + r.method,
       { n: r.details.steps, rule: r.integration ? t("why.rule." + r.integration.rule) : "" })));
     root.append(el("div", { class: "panel" }, el("h3", {}, t("why.map.heading")), el("p", { class: "note" }, t("why.map.note")),
@@ -161,6 +173,6 @@
 
   register("why", {
     show,
-    render: () => { if (W.source !== null || EMBED) render(); },
+    render: () => { if (W.source !== null) render(); },
   });
 })();
