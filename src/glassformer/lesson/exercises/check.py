@@ -192,22 +192,26 @@ def check(sheet: Sheet, own: dict[str, np.ndarray]) -> Report:
     verdicts: list[CellVerdict] = []
     explains: dict[str, set[str]] = {}
     fits = {b.id: 0 for b in bugs}
-    computed = {c.path: c for c in graph}
+    fine: dict[str, bool] = {}          # a cell is fine when judged right, or left empty with fine inputs
     for cell in graph:
+        inputs_right = all(fine[p] for p in cell.inputs)
         if cell.path not in own:
+            fine[cell.path] = inputs_right
             continue
         mine = own[cell.path]
         args = [merge(own.get(p), local[p]) for p in cell.inputs]
         bound = rounding_bound(cell, args, half) if cell.inputs else np.full(mine.shape, tol)
         from_own = agrees(mine, local[cell.path], bound)
-        inputs_right = all(agrees(a, key[p], tol).all() for a, p in zip(args, cell.inputs, strict=True))
         for b in bugs:
             if any(agrees(mine, lv[cell.path], bound).all() or agrees(mine, fv[cell.path], tol).all()
                    for lv, fv in variants[b.id]):
                 fits[b.id] += 1
         if agrees(mine, key[cell.path], tol).all() or (inputs_right and from_own.all()):
             verdicts.append(CellVerdict(cell.path, "right"))
-        elif from_own.all():
+            fine[cell.path] = True
+            continue
+        fine[cell.path] = False
+        if from_own.all():
             verdicts.append(CellVerdict(cell.path, "carried"))
         else:
             off = [[int(i), int(j)] for i, j in zip(*np.nonzero(~from_own), strict=True)]
@@ -216,7 +220,6 @@ def check(sheet: Sheet, own: dict[str, np.ndarray]) -> Report:
                 b.id for b in bugs
                 if any(agrees(mine, lv[cell.path], bound).all() or agrees(mine, fv[cell.path], tol).all()
                        for lv, fv in variants[b.id])}
-    del computed
 
     # name as few bugs as explain every wrong cell: the bug explaining most cells first, then the one
     # whose whole computation the student's table follows most often, then the library's order
