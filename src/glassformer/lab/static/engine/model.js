@@ -396,27 +396,46 @@ export function decoderLayer(model, p, y, encoded, kv, layerCache, offset, ctx, 
 
 // ---- the KV cache ------------------------------------------------------------------------------------
 
-// Every decoder layer's self-attention keys and values of earlier positions, per head, in buffers of
-// max_len rows; cross-attention's K, V of the encoder output, projected on the first step
+// Every decoder layer's self-attention keys and values of earlier positions, per head, in buffers that
+// grow (doubling, up to max_len rows) as decoding goes on; cross-attention's K, V of the encoder output,
+// projected on the first step
 export class KVCache {
-  constructor(config, cross = null) {
+  constructor(config, cross = null, capacity = Math.min(config.max_len, 32)) {
     this.config = config;
     this.length = 0;                                  // target positions written so far
+    this.capacity = capacity;                         // rows each buffer holds
     this.cross = cross;                               // [layer][head] -> [k, v]
-    const rows = config.max_len;
     this.layers = Array.from({ length: config.decoder_layers }, () => ({
-      k: Array.from({ length: config.heads }, () => new Float64Array(rows * config.d_k)),
-      v: Array.from({ length: config.heads }, () => new Float64Array(rows * config.d_v)),
+      k: Array.from({ length: config.heads }, () => new Float64Array(capacity * config.d_k)),
+      v: Array.from({ length: config.heads }, () => new Float64Array(capacity * config.d_v)),
     }));
+  }
+
+  // room for `end` rows in every buffer, the rows written so far kept
+  reserve(end) {
+    if (end <= this.capacity) return;
+    if (end > this.config.max_len) throw new Error(`decoding: ${end} target positions, over max_len ${this.config.max_len}`);
+    const capacity = Math.min(this.config.max_len, Math.max(end, 2 * this.capacity));
+    for (const layer of this.layers) {
+      for (const [part, width] of [["k", this.config.d_k], ["v", this.config.d_v]]) {
+        layer[part] = layer[part].map((buffer) => {
+          const grown = new Float64Array(capacity * width);
+          grown.set(buffer.subarray(0, this.length * width));
+          return grown;
+        });
+      }
+    }
+    this.capacity = capacity;
   }
 
   // a layer's view: write head h's new rows at `length`, return rows 0 .. length + new
   layer(i) {
-    const cache = this, buffers = this.layers[i];
+    const cache = this;
     return {
       write(h, k, v) {
         const end = cache.length + k.rows;
-        if (end > cache.config.max_len) throw new Error(`decoding: ${end} target positions, over max_len ${cache.config.max_len}`);
+        cache.reserve(end);
+        const buffers = cache.layers[i];
         buffers.k[h].set(k.data, cache.length * k.cols);
         buffers.v[h].set(v.data, cache.length * v.cols);
         return [matrix(end, k.cols, buffers.k[h].subarray(0, end * k.cols)),
@@ -427,14 +446,11 @@ export class KVCache {
 
   // a copy for a beam that continues this one (only the written rows are copied; cross K/V are shared)
   clone() {
-    const out = new KVCache(this.config, this.cross);
+    const out = new KVCache(this.config, this.cross, this.capacity);
     out.length = this.length;
     this.layers.forEach((layer, i) => {
-      for (const part of ["k", "v"]) {
-        layer[part].forEach((buffer, h) => {
-          const width = part === "k" ? this.config.d_k : this.config.d_v;
-          out.layers[i][part][h].set(buffer.subarray(0, this.length * width));
-        });
+      for (const [part, width] of [["k", this.config.d_k], ["v", this.config.d_v]]) {
+        layer[part].forEach((buffer, h) => out.layers[i][part][h].set(buffer.subarray(0, this.length * width)));
       }
     });
     return out;
@@ -444,6 +460,9 @@ export class KVCache {
 // ---- the whole model ---------------------------------------------------------------------------------
 
 const SUPPORTED_POSITIONS = ["sinusoidal", "learned", "relative", "rope", "none"];
+// sizes a config may ask for, as glassformer.limits (MAX_D_MODEL, MAX_HEADS, MAX_D_FF, MAX_LAYERS, MAX_LEN, MAX_VOCAB)
+const CONFIG_LIMITS = { d_model: 4096, heads: 64, d_ff: 16384, encoder_layers: 48, decoder_layers: 48, max_len: 8192,
+  src_vocab: 262144, tgt_vocab: 262144 };
 
 function tensorOf(tensors, name, shape) {
   const t = tensors.get(name);
@@ -490,11 +509,18 @@ function completeConfig(config) {
   if (cfg.family && cfg.family !== "encoder-decoder") throw new Error(`model: the page runs encoder-decoder models, not ${cfg.family}`);
   if (!SUPPORTED_POSITIONS.includes(cfg.positions)) throw new Error(`model: positions ${cfg.positions} unknown`);
   if (!(cfg.activation in ACTIVATION)) throw new Error(`model: activation ${cfg.activation} unknown`);
-  for (const key of ["d_model", "heads", "d_ff", "encoder_layers", "decoder_layers", "max_len", "src_vocab", "tgt_vocab"]) {
-    if (!Number.isSafeInteger(cfg[key]) || cfg[key] < 1) throw new Error(`model: config ${key} must be a positive integer`);
+  for (const [key, limit] of Object.entries(CONFIG_LIMITS)) {
+    if (!Number.isSafeInteger(cfg[key]) || cfg[key] < 1 || cfg[key] > limit) {
+      throw new Error(`model: config ${key} must be a whole number in 1..${limit}, got ${String(cfg[key]).slice(0, 20)}`);
+    }
   }
   cfg.d_k = cfg.d_k ?? Math.floor(cfg.d_model / cfg.heads);
   cfg.d_v = cfg.d_v ?? Math.floor(cfg.d_model / cfg.heads);
+  for (const key of ["d_k", "d_v"]) {
+    if (!Number.isSafeInteger(cfg[key]) || cfg[key] < 1 || cfg[key] > CONFIG_LIMITS.d_ff) {
+      throw new Error(`model: config ${key} must be a whole number in 1..${CONFIG_LIMITS.d_ff}`);
+    }
+  }
   cfg.useFinalNorm = cfg.final_norm === null || cfg.final_norm === undefined ? cfg.norm_placement === "pre" : !!cfg.final_norm;
   return cfg;
 }
