@@ -271,7 +271,7 @@ def report_text(report: Report, lang: str = "en") -> str:
         rows.append((c.path, w[c.verdict], mistake))
     width = [max(_width(r[k]) for r in rows) for k in range(2)]
     lines = [f"{_pad(a, width[0])}  {_pad(b, width[1])}  {c}".rstrip() for a, b, c in rows]
-    lines.insert(1, "-" * (width[0] + width[1] + 4 + max(_width(r[2]) for r in rows)))
+    lines.insert(1, "-" * max(_width(line) for line in lines))
     counts = {k: sum(c.verdict == k for c in report.cells) for k in ("right", "carried", "wrong")}
     lines += ["", w["summary"].format(total=len(report.cells), **counts)]
     if report.verdict == "right":
