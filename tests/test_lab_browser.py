@@ -360,15 +360,15 @@ def trained_export(tiny_run, tmp_path_factory):
     return lab, _exported(api, tmp_path_factory.mktemp("export"))
 
 
-def _p_next(lab, source: str, prefix: str, off: str | None = None) -> dict[str, float]:
-    """The model's own p(next | BOS + prefix) by token piece, a head switched off through its hooks."""
+def _p_next(lab, source: str, prefix: str, off: str | None = None) -> list[float]:
+    """The model's own p(next | BOS + prefix) by token id, a head switched off through its hooks."""
     model = lab.model
     src = torch.tensor([lab.source.encode(source)])
     tgt = torch.tensor([[model.cfg.bos_id, *lab.target.encode(prefix)]])
     hooks = {f"{off}.output": lambda value, name: torch.zeros_like(value)} if off else {}
     with torch.inference_mode(), model.intervene(hooks) if hooks else contextlib.nullcontext():
         p = torch.softmax(model(src, tgt)[0, -1].double(), dim=-1)
-    return {lab.piece(i): float(p[i]) for i in range(p.numel())}
+    return p.tolist()
 
 
 def test_the_exported_file_translates_offline_as_the_python_translator(browser, trained_export):
@@ -389,7 +389,7 @@ def test_the_exported_file_translates_offline_as_the_python_translator(browser, 
                                   ["我昨天给了他一本书。", off])
             assert len(got) >= 10 and all(a["p"] >= b["p"] for a, b in zip(got, got[1:], strict=False))
             want = _p_next(lab, "我昨天给了他一本书。", "I gave", off)
-            assert all(abs(entry["p"] - want[entry["token"]]) < 1e-6 for entry in got), (off, got[:3])
+            assert all(abs(e["p"] - want[e["id"]]) < 1e-6 and e["token"] == lab.piece(e["id"]) for e in got), off
         default = p.page.evaluate("() => window.glassformer.next('我昨天给了他一本书。', 'I gave')")
         switched = p.page.evaluate("(o) => window.glassformer.next('我昨天给了他一本书。', 'I gave', {off: [o]})",
                                    HEAD_OFF)
@@ -424,7 +424,7 @@ def test_bad_input_in_the_exported_file_is_one_clear_line(browser, trained_expor
         unknown = p.page.evaluate("() => window.glassformer.analyse('龘我')")
         assert unknown["unknown"] == lab.source.analyse("龘我").unknown == ["龘"]
         p.page.wait_for_function("() => Number(document.body.dataset.sentenceRuns || 0) >= 1", timeout=20000)
-        p.page.fill("#sent-source", "我".repeat(401))
+        p.page.fill("#sent-source", "我" * 401)
         p.page.click("#sent-run")
         p.page.wait_for_selector("#error:not([hidden])", timeout=20000)
         assert "MAX_SOURCE_CHARS" in p.page.inner_text("#error") and "\n" not in p.page.inner_text("#error").strip()

@@ -101,8 +101,19 @@ def page_payload(api: LabAPI, dtype: str = DTYPE) -> dict:
 
 
 def precomputed_attribution(api: LabAPI) -> dict[str, dict]:
-    """The "why" view's gradient methods (and attention weights, by word) for the default sentence and target."""
-    return {method: api.attribute({"method": method, "contrast": "her"}) for method in PRECOMPUTED_METHODS}
+    """The "why" view's gradient methods (and attention weights, by word) for the default sentence and target:
+    him against her, or without a contrast where `her` is no single token of the model's vocabulary."""
+    from ..errors import UsageError
+
+    out = {}
+    for method in PRECOMPUTED_METHODS:
+        try:
+            out[method] = api.attribute({"method": method, "contrast": "her"})
+        except UsageError as error:
+            if error.field != "contrast":
+                raise
+            out[method] = api.attribute({"method": method, "contrast": None})
+    return out
 
 
 def export_data(api: LabAPI) -> dict:
@@ -255,12 +266,13 @@ def build_html(api: LabAPI, static_dir: str | Path = STATIC_DIR, dtype: str = DT
     if "unsupported" in payload:
         raise ValueError(f"the offline page cannot hold this model: {payload['unsupported']}")
     model = _json_in_html(payload)
+    units = len(model.encode("utf-16-le")) // 2                  # its length as the page counts (UTF-16 units)
     pieces = {
         '<meta charset="utf-8">':
             f'<meta charset="utf-8">\n<meta http-equiv="Content-Security-Policy" content="{OFFLINE_CSP}">',
         '<link rel="stylesheet" href="style.css">': f"<style>\n{css}\n</style>",
         "</body>":
-            f'<script type="application/json" id="lab-bundle" data-chars="{len(model)}">{model}</script>\n</body>',
+            f'<script type="application/json" id="lab-bundle" data-chars="{units}">{model}</script>\n</body>',
     }
     for old, new in pieces.items():
         if old not in page:
