@@ -471,18 +471,28 @@ def test_concurrent_trace_and_sentence_requests(server, api):
 
 def test_export_is_one_self_contained_page(api, tmp_path):
     html = build_html(api)
-    assert html.count("<script") == 4 and 'src="' not in html and 'href="style.css"' not in html  # i18n data app views
+    # i18n, data, app, views, the engine module, the model bundle; nothing loaded from outside
+    assert html.count("<script") == 6 and 'src="' not in html and 'href="style.css"' not in html
+    assert html.count('<script type="module">') == 1 and "import {" not in html and "\nexport " not in html
     assert "Content-Security-Policy" in html and "default-src 'none'" in html
     data = json.loads(re.search(r"window\.LAB_EMBED = (\{.*?\});</script>", html, re.S).group(1)
                       .replace("<\\/", "</"))
-    assert set(data) == {"info", "block", "block_variants", "sentence", "masks", "verify"}
+    assert set(data) == {"info", "block", "masks", "verify", "attribution", "default"}
+    assert set(data["attribution"]) == {"integrated-gradients", "input-x-gradient", "saliency", "attention"}
     block = data["block"]["spec"]
-    # every single head off, both placements, scaling and masks: 4 × 2 × 2 × 3 precomputed traces
-    assert len(data["block_variants"]["block"]) == 48
-    off = data["block_variants"]["block"][variant_key((0,), "post", True, "none")]
-    assert max_difference(off, run_reference(with_toggles(block, (0,), "post", True, "none"))) < 1e-12
-    assert set(data["sentence"]) == {"1|0", "1|1", "0|0", "0|1"}
-    assert data["sentence"]["1|1"]["source"][0] == "他"
+    assert max_difference(run_reference(block), api.trace(block)) < 1e-12
+    # the model is the last element, its length recorded before it (a cut file is recognised)
+    match = re.search(r'<script type="application/json" id="lab-bundle" data-chars="(\d+)">(.*?)</script>\n</body>',
+                      html, re.S)
+    assert match and len(match.group(2).encode("utf-16-le")) // 2 == int(match.group(1)) and "<" not in match.group(2)
+    payload = json.loads(match.group(2))
+    from glassformer.lab.bundle import read_bundle
+    cfg, vocab, tensors = read_bundle(payload["bundle"])
+    assert cfg == api.lab_model.model.cfg and payload["limits"]["MAX_SOURCE_CHARS"] == 400
+    weight = api.lab_model.model.state_dict()["src_embed.token.weight"].double().numpy()
+    assert abs(tensors["src_embed.token.weight"] - weight).max() == 0              # float32 weights, exactly
+    assert variant_key((0,), "post", True, "none") == "0|post|1|none" and with_toggles(block, (0,), "post", True,
+                                                                                        "none")["disabled_heads"] == [0]
 
 
 def test_lab_command_rejects_bad_arguments_with_exit_2(capsys, tmp_path):

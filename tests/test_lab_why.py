@@ -105,14 +105,21 @@ def test_why_view_draws_the_map_the_contrast_and_the_lens(browser, lab_server, a
 
 @pytest.mark.browser
 @pytest.mark.slow
-def test_the_exported_page_says_why_needs_the_server(browser, api, tmp_path):
+def test_the_exported_page_labels_gradients_precomputed_and_runs_alti_live(browser, api, tmp_path):
     out = tmp_path / "lab.html"
     write_export(api, out)
     p = Page(browser, "en-US")
     try:
         p.page.goto(out.as_uri() + "#why")
-        p.page.wait_for_selector("#view-why p.note", timeout=20000)
-        assert "local server" in p.page.inner_text("#view-why") and p.errors == []
+        p.page.wait_for_selector("#why-precomputed", timeout=20000)
+        label = p.page.inner_text("#why-precomputed")
+        assert "Precomputed" in label and "server" in label
+        p.page.select_option("#why-method", "alti")
+        p.page.wait_for_selector("#why-live", timeout=20000)
+        shares = [float(x) for x in p.page.locator('[data-probe="why.map"] td.share').evaluate_all(
+            "(cells) => cells.map((c) => c.dataset.share)")]
+        assert shares and all(0 <= s <= 1 for s in shares)
+        assert p.errors == []
     finally:
         p.close()
 
