@@ -20,23 +20,33 @@ const BASE64 = (() => {
   return table;
 })();
 
-// base64 text -> bytes, without an intermediate binary string; any character outside the alphabet is an error
+// base64 text -> bytes, four characters to three bytes, without an intermediate binary string; any character
+// outside the alphabet is an error
 export function decodeBase64(text) {
   let end = text.length;
   while (end > 0 && text.charCodeAt(end - 1) === 61) end--;          // "=" padding
   if (text.length % 4 !== 0 || text.length - end > 2) throw damaged("the weights are not base64 text");
   const bytes = new Uint8Array(Math.floor((end * 3) / 4));
-  let out = 0, acc = 0, bits = 0;
-  for (let i = 0; i < end; i++) {
+  const sextet = (i) => {
     const c = text.charCodeAt(i);
     const v = c < 128 ? BASE64[c] : -1;
     if (v < 0) throw damaged(`the weights are not base64 text (character ${i})`);
-    acc = (acc << 6) | v;
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      bytes[out++] = (acc >> bits) & 0xff;
-    }
+    return v;
+  };
+  const whole = end - (end % 4);
+  let out = 0;
+  for (let i = 0; i < whole; i += 4) {
+    const n = (sextet(i) << 18) | (sextet(i + 1) << 12) | (sextet(i + 2) << 6) | sextet(i + 3);
+    bytes[out++] = n >> 16;
+    bytes[out++] = (n >> 8) & 0xff;
+    bytes[out++] = n & 0xff;
+  }
+  if (end % 4 >= 2) {                                                  // the last two or three characters
+    const n = (sextet(whole) << 18) | (sextet(whole + 1) << 12) | (end % 4 === 3 ? sextet(whole + 2) << 6 : 0);
+    bytes[out++] = n >> 16;
+    if (end % 4 === 3) bytes[out++] = (n >> 8) & 0xff;
+  } else if (end % 4 === 1) {
+    throw damaged("the weights are not base64 text");
   }
   return bytes;
 }
@@ -51,14 +61,25 @@ export function halfToNumber(h) {
   return sign * (1 + fraction / 1024) * 2 ** (exponent - 15);
 }
 
+let HALVES = null;                                                     // every half's value, built once
+
+const LITTLE_ENDIAN = new Uint8Array(Uint16Array.of(1).buffer)[0] === 1;
+
+// `count` little-endian float32 / float16 numbers at byte `offset` -> Float64Array
 function decodeTensor(bytes, offset, count, dtype) {
-  const view = new DataView(bytes.buffer, bytes.byteOffset + offset, count * BYTES[dtype]);
-  const data = new Float64Array(count);
-  if (dtype === "float32") {
-    for (let i = 0; i < count; i++) data[i] = view.getFloat32(4 * i, true);
-  } else {
-    for (let i = 0; i < count; i++) data[i] = halfToNumber(view.getUint16(2 * i, true));
+  const width = BYTES[dtype], at = bytes.byteOffset + offset;
+  const aligned = LITTLE_ENDIAN && at % width === 0;
+  const source = aligned ? bytes.buffer : bytes.slice(offset, offset + count * width).buffer;
+  const start = aligned ? at : 0;
+  if (!LITTLE_ENDIAN) {                                                // a big-endian machine reads byte by byte
+    const view = new DataView(source, start, count * width);
+    return Float64Array.from({ length: count }, (_, i) =>
+      (dtype === "float32" ? view.getFloat32(4 * i, true) : halfToNumber(view.getUint16(2 * i, true))));
   }
+  if (dtype === "float32") return Float64Array.from(new Float32Array(source, start, count));
+  if (!HALVES) HALVES = Float64Array.from({ length: 65536 }, (_, h) => halfToNumber(h));
+  const halves = new Uint16Array(source, start, count), data = new Float64Array(count);
+  for (let i = 0; i < count; i++) data[i] = HALVES[halves[i]];
   return data;
 }
 
