@@ -37,6 +37,7 @@ async function readPayload() {
 
 async function start() {
   const payload = await readPayload();
+  if (payload && payload.unsupported) throw new LiveError(payload.unsupported, "model");   // the server runs it
   if (!payload || typeof payload !== "object" || !payload.bundle) throw new LiveError("model bundle: missing (the file is damaged)", "file");
   await pause();
   let loaded;
