@@ -21,12 +21,12 @@ def _compiled_packages_stay_in_the_session(tmp_path_factory):
     none for a long job (a build costs tens of seconds: the tests that are about compiling ask for it)."""
     from glassformer.inference import compiler
 
-    saved = os.environ.get(compiler.CACHE_ENV), compiler.AUTO_MIN_SENTENCES, compiler._USER_FOLDER, compiler._folder
+    saved = os.environ.get(compiler.CACHE_ENV), compiler.AUTO_MIN_SENTENCES, compiler._USER_FOLDER
     compiler._USER_FOLDER = str(tmp_path_factory.mktemp("compiled"))      # as if the user had set the variable
     compiler.use_compile_cache()
     compiler.AUTO_MIN_SENTENCES = 10 ** 9
     yield
-    compiler.AUTO_MIN_SENTENCES, compiler._USER_FOLDER, compiler._folder = saved[1:]
+    compiler.AUTO_MIN_SENTENCES, compiler._USER_FOLDER = saved[1:]
     if saved[0] is None:
         os.environ.pop(compiler.CACHE_ENV, None)
     else:

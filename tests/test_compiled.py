@@ -1,7 +1,8 @@
-"""The static decoding step (inference/static.py) against the model's own `decode_step`: logits to 1e-5,
-tokens identical for greedy and beam search (sentences finishing at different steps, buckets shrinking),
-eagerly and compiled ahead of time (a package built once, then loaded; a failed build decodes eagerly);
-`--compile auto|on|off` and `--compile-cache`."""
+"""The model's own decoding step, eagerly and compiled ahead of time (inference/compiler.py): the model's
+tokens and scores for batches whose sentences finish at different steps, each sentence as it decodes alone;
+packages named by what they compute (a comment edit finds the same one, a weight change another), built
+whole or not at all, a package that fails to build or to load decodes eagerly after one note;
+`--compile auto|on|off` and the cache folder."""
 
 from __future__ import annotations
 
@@ -12,19 +13,28 @@ from pathlib import Path
 import pytest
 import torch
 
-from glassformer.decoding.search import BeamSearch, Greedy, generate
+from glassformer.decoding.search import SENTENCE_BUCKETS, BeamSearch, Greedy, bucket, generate, step
 from glassformer.inference import compiler, prepare
-from glassformer.inference.static import SENTENCE_BUCKETS, StaticDecoder, StepGraph, bucket, step_name, unsupported
+from glassformer.inference.compiler import CompiledDecoder, unsupported
 from glassformer.model import Transformer
 from glassformer.model.config import ModelConfig
+
+HAS_CXX = compiler.cxx_compiler() is not None
 
 
 def tiny(**changes) -> Transformer:
     torch.manual_seed(0)
     sizes = dict(src_vocab=60, tgt_vocab=50, d_model=32, heads=4, d_ff=64, encoder_layers=2, decoder_layers=2,
                  max_len=40, dropout=0.0)
-    cfg = ModelConfig(**{**sizes, **changes})
-    return Transformer(cfg).eval()
+    return Transformer(ModelConfig(**{**sizes, **changes})).eval()
+
+
+def eos_likely(**changes) -> Transformer:
+    """A head bias that makes EOS likely: sentences end at different steps."""
+    model = tiny(head_bias=True, **changes)
+    with torch.no_grad():
+        model.head.bias[model.cfg.eos_id] = 2.9
+    return model
 
 
 def sources(batch: int = 5, length: int = 9) -> torch.Tensor:
@@ -35,60 +45,60 @@ def sources(batch: int = 5, length: int = 9) -> torch.Tensor:
     return src
 
 
-@pytest.mark.parametrize("changes", [{}, {"norm_placement": "pre"}, {"positions": "learned"},
-                                     {"activation": "silu", "head_bias": True}, {"scale_scores": False}])
-def test_step_logits_equal_the_models_decode_step(changes):
-    model = tiny(**changes)
-    step = StaticDecoder(model)
-    src = sources()
-    pad = src == 0
-    with torch.no_grad():
-        memory = model.encode(src, pad)
-        cache = model.new_cache()
-        run = step.start(src, pad, Greedy())
-        w = step.weights
-        tokens = torch.full((src.size(0), 1), model.cfg.bos_id)
-        for position in range(6):
-            expected = model.decode_step(tokens, memory, pad, cache)[:, -1]  # (batch, vocab)
-            ids = torch.zeros(run.self_k[0].size(0), dtype=torch.long)
-            ids[: src.size(0)] = tokens[:, 0]
-            got = w.logits(ids, torch.tensor(position), run.self_k, run.self_v, run.cross_k, run.cross_v,
-                           run.source)[: src.size(0)]
-            assert torch.allclose(got, expected, atol=1e-5, rtol=0), (position, (got - expected).abs().max())
-            tokens = expected.argmax(-1, keepdim=True)
-
-
-def _same(a, b) -> None:
+def _same(a, b, atol: float = 1e-5) -> None:
     assert [[h.tokens for h in hyps] for hyps in a] == [[h.tokens for h in hyps] for hyps in b]
     for hyps_a, hyps_b in zip(a, b, strict=True):
         for x, y in zip(hyps_a, hyps_b, strict=True):
             assert x.finished == y.finished
-            assert x.score == pytest.approx(y.score, abs=1e-4) or x.score == y.score == -math.inf
+            assert x.score == pytest.approx(y.score, abs=atol) or x.score == y.score == -math.inf
 
 
+def _alone(model, src, search, **kw) -> list:
+    return [generate(model, src[i: i + 1], search, **kw)[0] for i in range(src.size(0))]
+
+
+@pytest.fixture
+def eager_packages(monkeypatch, tmp_path):
+    """CompiledDecoder whose parts are the traced modules themselves, run eagerly: the marshalling of the
+    cache into a package's inputs and back, without a build."""
+    def make(model):
+        decoder = CompiledDecoder(model, step, tmp_path, threads=2)
+        monkeypatch.setattr(decoder, "_found", lambda kind, search: None)
+        monkeypatch.setattr(torch.export, "export", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no")))
+        return decoder
+    return make
+
+
+@pytest.mark.parametrize("changes", [{}, {"norm_placement": "pre"}, {"positions": "learned"},
+                                     {"activation": "silu"}, {"scale_scores": False}])
 @pytest.mark.parametrize("search,n_best", [(Greedy(), 1), (BeamSearch(4), 1), (BeamSearch(3), 3)])
-def test_tokens_identical_with_sentences_finishing_at_different_steps(search, n_best):
-    """Per-sentence limits end sentences one by one: the rows move to the front and the bucket shrinks."""
-    model = tiny()
+def test_each_sentence_of_a_batch_gets_what_it_gets_alone(changes, search, n_best, eager_packages):
+    """EOS likely and per-sentence limits: sentences end at different steps, the rows move to the front and
+    the bucket shrinks; each sentence's hypotheses are those it gets alone, on the model, its prepared copy
+    and the step's package inputs (run eagerly)."""
+    model = eos_likely(**changes)
     src = sources(batch=7)
-    limits = torch.tensor([3, 12, 5, 1, 9, 7, 2])
-    reference = generate(model, src, search, max_len=limits, n_best=n_best, alpha=0.6)
-    _same(generate(StaticDecoder(model), src, search, max_len=limits, n_best=n_best, alpha=0.6), reference)
-    alone = [generate(model, src[i: i + 1], search, max_len=limits[i: i + 1], n_best=n_best, alpha=0.6)[0]
+    limits = torch.tensor([3, 12, 5, 1, 9, 7, 20])
+    kw = dict(max_len=limits, n_best=n_best, alpha=0.6)
+    alone = [generate(model, src[i: i + 1], search, **{**kw, "max_len": limits[i: i + 1]})[0]
              for i in range(src.size(0))]
-    _same(generate(StaticDecoder(model), src, search, max_len=limits, n_best=n_best, alpha=0.6), alone)
+    batch = generate(model, src, search, **kw)
+    assert len({len(h.tokens) for hyps in batch for h in hyps}) >= 2 and any(h[0].finished for h in batch)
+    _same(batch, alone)
+    _same(generate(prepare(model), src, search, **kw), alone)
+    _same(generate(model, src, search, compiled=eager_packages(model), **kw), alone)
 
 
-def test_sentences_ending_with_eos_at_different_steps():
-    """EOS made likely (a head bias): sentences end at different steps; the others decode as before."""
-    model = tiny(head_bias=True)
-    with torch.no_grad():
-        model.head.bias[model.cfg.eos_id] = 2.9
-    src = sources(batch=7)
-    for search in (Greedy(), BeamSearch(4)):
-        reference = generate(prepare(model), src, search, max_len=20)
-        assert len({len(h[0].tokens) for h in reference}) >= 2 and any(h[0].finished for h in reference)
-        _same(generate(StaticDecoder(model), src, search, max_len=20), reference)
+def test_a_source_of_only_pad_and_outputs_past_the_first_buffer(eager_packages):
+    """A row with no source key reads zero from cross-attention (the model's rule), never NaN; outputs longer
+    than the cache's first buffer (GROW positions) decode as the model's."""
+    model = tiny()
+    src = sources(batch=3)
+    src[1] = 0
+    for search in (Greedy(), BeamSearch(2)):
+        want = generate(model, src, search, max_len=38)
+        assert any(len(h[0].tokens) > 16 for h in want)
+        _same(generate(model, src, search, max_len=38, compiled=eager_packages(model)), want)
 
 
 def test_buckets():
@@ -96,146 +106,150 @@ def test_buckets():
     assert bucket(65) == 2 * SENTENCE_BUCKETS[-1] and bucket(200) == 4 * SENTENCE_BUCKETS[-1]
 
 
-def test_models_the_step_cannot_run_are_named():
+def test_models_the_compiled_step_does_not_run_are_named():
     assert unsupported(tiny()) is None
     assert "rope" in unsupported(tiny(positions="rope"))
-    with pytest.raises(ValueError, match="relative"):
-        StaticDecoder(tiny(positions="relative"))
+    assert "max_len" in unsupported(tiny(max_len=600))
 
 
-def test_compile_mode_without_a_compiler(monkeypatch):
+def test_compile_mode(monkeypatch):
+    asked = []
     monkeypatch.setattr(compiler, "cxx_compiler", lambda: None)
-    assert compiler.compile_mode("off", 100) == (False, None)
-    assert compiler.compile_mode("auto", 100) == (False, None)               # auto: eager, nothing said
+    assert compiler.compile_mode("off", 10 ** 6) == (False, None)
+    assert compiler.compile_mode("auto", 10 ** 6, lambda: asked.append(1)) == (False, None)   # nothing said
     on, note = compiler.compile_mode("on", 1)
-    assert not on and "no C++ compiler" in note
-
-
-def test_compile_mode_with_a_compiler(monkeypatch):
+    assert not on and "no C++ compiler" in note and asked == []                 # no compiler: nothing hashed
     monkeypatch.setattr(compiler, "cxx_compiler", lambda: "/usr/bin/g++")
-    monkeypatch.setattr(compiler, "AUTO_MIN_SENTENCES", 100)              # the tests' session raises it
-    assert compiler.compile_mode("auto", compiler.AUTO_MIN_SENTENCES)[0] is False   # a few sentences: eager
-    assert compiler.compile_mode("auto", compiler.AUTO_MIN_SENTENCES + 1)[0] is True
-    assert compiler.compile_mode("auto", 1, cached=True)[0] is True         # built before: loading it is cheap
+    monkeypatch.setattr(compiler, "AUTO_MIN_SENTENCES", 100)
+    assert compiler.compile_mode("auto", 100)[0] is False                      # a short job: eager
+    assert compiler.compile_mode("auto", 101)[0] is True
+    assert compiler.compile_mode("auto", 1, lambda: True)[0] is True           # built before: loading is cheap
     assert compiler.compile_mode("on", 1)[0] is True
 
 
-def test_a_package_is_named_by_the_weights_the_beam_and_the_sizes(monkeypatch, tmp_path):
-    """Another model, another beam or another size never loads a package built for something else."""
-    monkeypatch.setattr(compiler, "_folder", tmp_path)
-    a, b = tiny(), tiny()
-    with torch.no_grad():
-        b.head.weight[0, 0] += 1e-3                                          # the step's weights differ
-        b.encoder.layers[0].ffn.w_1.bias[0] += 1e-3                          # and the source side's
-    source, step = StaticDecoder(a).packages(Greedy())
-    assert source.parent == step.parent == tmp_path / compiler.PACKAGES and source != step
-    others = [*StaticDecoder(b).packages(Greedy()), StaticDecoder(a).packages(BeamSearch(2))[1],
-              *StaticDecoder(tiny(d_ff=96)).packages(Greedy())]
-    assert len({source, step, *others}) == 7                                 # a, b, d_ff 96: 2 each; beam 2: 1
-    assert StaticDecoder(a).packages(BeamSearch(2))[0] == source             # one source side for every beam
-    assert StaticDecoder(tiny()).packages(Greedy()) == [source, step]        # the same weights: the same packages
-
-
-def test_compile_cache_folder(monkeypatch, tmp_path):
-    """--compile-cache, else the user's TORCHINDUCTOR_CACHE_DIR as it was when glassformer started (not what
-    inductor writes into the variable later), else the user cache."""
-    monkeypatch.setattr(compiler, "_folder", None)
+def test_cache_folder(monkeypatch, tmp_path):
+    """The folder given, else the user's TORCHINDUCTOR_CACHE_DIR as it was when glassformer started (not what
+    inductor writes into the variable later), else the user cache; choosing one creates nothing."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.setattr(compiler, "_USER_FOLDER", None)
-    monkeypatch.setenv(compiler.CACHE_ENV, "/tmp/torchinductor_someone")    # inductor's own default, set by torch
-    assert compiler.default_cache_dir() == tmp_path / "xdg" / "glassformer" / "inductor"
-    assert compiler.use_compile_cache() == compiler.default_cache_dir()
-    assert os.environ[compiler.CACHE_ENV] == str(compiler.default_cache_dir())   # inductor's kernels go there too
+    monkeypatch.setenv(compiler.CACHE_ENV, "/tmp/torchinductor_someone")    # inductor's own default
+    assert compiler.cache_folder() == tmp_path / "xdg" / "glassformer" / "inductor"
     monkeypatch.setattr(compiler, "_USER_FOLDER", str(tmp_path / "users"))
-    assert compiler.use_compile_cache() == tmp_path / "users"
+    assert compiler.cache_folder() == tmp_path / "users"
+    assert compiler.cache_folder(tmp_path / "mine") == tmp_path / "mine"
     assert compiler.use_compile_cache(tmp_path / "mine") == tmp_path / "mine"
-    assert (tmp_path / "mine").is_dir()
-    step = StepGraph(StaticDecoder(tiny()).weights, Greedy())
-    assert compiler.package_path(step, {"kind": "step"}).parent == tmp_path / "mine" / compiler.PACKAGES
+    assert os.environ[compiler.CACHE_ENV] == str(tmp_path / "mine") and not (tmp_path / "mine").exists()
+
+
+def _traced_name(model) -> str:
+    """The package name of `model`'s source side: traced, not built."""
+    decoder = CompiledDecoder(model, step, Path("/nonexistent"), threads=1)
+    src = sources(batch=2)
+    example = compiler._example((src, src == 0, torch.tensor([0, 1])), 0)
+    with torch.no_grad():
+        program = torch.export.export(compiler.Source(decoder.fast), example,
+                                      dynamic_shapes=compiler._dynamic(example, 0, model.cfg.max_len))
+    return compiler.package_name(program, 1)
+
+
+def test_a_comment_edit_or_a_moved_file_keeps_the_name_and_a_weight_change_does_not():
+    """The name hashes the traced graph and the weights: the encoder's FeedForward.forward redefined from its
+    source with comments, blank lines and another file name gives the same name; one weight moved does not."""
+    import inspect
+    import textwrap
+
+    from glassformer.model.layers import FeedForward
+
+    model = tiny()
+    name = _traced_name(model)
+    source = textwrap.dedent(inspect.getsource(FeedForward.forward))
+    edited = "# a comment above\n\n\n" + source.replace("):\n", "):  # a comment\n    # and another\n", 1)
+    space: dict = {}
+    exec(compile(edited, "/somewhere/else/layers.py", "exec"), vars(__import__("glassformer.model.layers",
+                                                                              fromlist=["x"])) | space, space)
+    for layer in model.encoder.layers:
+        layer.ffn.forward = space["forward"].__get__(layer.ffn)
+    assert _traced_name(model) == name
+    with torch.no_grad():
+        model.encoder.layers[0].ffn.w_1.bias[0] += 1e-3
+    assert _traced_name(model) != name
 
 
 @pytest.fixture(scope="module")
 def package_folder(tmp_path_factory):
     """One cache folder for this module's packages (each build costs tens of seconds on 2 cores)."""
-    saved = compiler._folder, os.environ.get(compiler.CACHE_ENV)
-    folder = compiler.use_compile_cache(tmp_path_factory.mktemp("packages"))
-    yield folder
-    compiler._folder = saved[0]
-    if saved[1] is not None:
-        os.environ[compiler.CACHE_ENV] = saved[1]
+    return tmp_path_factory.mktemp("packages")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(compiler.cxx_compiler() is None, reason="needs a C++ compiler")
-def test_compiled_step_gives_the_eager_tokens_and_a_second_run_builds_nothing(package_folder):
-    """Ahead-of-time packages (greedy, beam 2): the model's tokens for a batch whose sentences end at different
-    steps and a batch of one; a second decoder of the same model loads them and builds nothing."""
-    model = tiny(head_bias=True)
-    with torch.no_grad():
-        model.head.bias[model.cfg.eos_id] = 2.9                              # sentences end at different steps
+@pytest.mark.skipif(not HAS_CXX, reason="needs a C++ compiler")
+def test_compiled_packages_give_the_models_tokens_and_a_second_decoder_builds_nothing(package_folder):
+    """Packages of the source side, greedy and a beam-2 step built for two threads: the model's tokens and
+    scores for a batch whose sentences end at different steps, each as alone, and a batch of one; a second
+    decoder of the same model finds them without a trace and builds nothing."""
+    model = eos_likely()
     notes: list[str] = []
-    step = StaticDecoder(model, compiled=True, notes=notes.append)
+    decoder = CompiledDecoder(model, step, package_folder, notes.append, threads=2)
     for search in (Greedy(), BeamSearch(2)):
-        for src in (sources(batch=7), sources(batch=1)):
-            _same(generate(step, src, search, max_len=20, n_best=search.beam),
-                  generate(model, src, search, max_len=20, n_best=search.beam))
-    assert sorted(step.compile_seconds) == sorted(["beam 1", step_name(BeamSearch(2)), "source"]), step.compile_seconds
-    assert sum("building" in n for n in notes) == 3, notes
-    assert not any("failed" in n for n in notes), notes
+        src = sources(batch=7)
+        got = generate(model, src, search, max_len=20, n_best=search.beam, compiled=decoder)
+        _same(got, generate(model, src, search, max_len=20, n_best=search.beam))
+        _same(got, _alone(model, src, search, max_len=20, n_best=search.beam))
+        assert len({len(h[0].tokens) for h in got}) >= 2
+        one = sources(batch=1)
+        _same(generate(model, one, search, max_len=20, compiled=decoder), generate(model, one, search, max_len=20))
+    assert sum("building" in n for n in notes) == 3 and not any("failed" in n for n in notes), notes
+    assert sorted(p.suffix for p in package_folder.glob("packages/*")) == [".name"] * 3 + [".pt2"] * 3
+    assert not list(package_folder.glob("packages/.*"))                      # no partial file left
     again: list[str] = []
-    second = StaticDecoder(model, compiled=True, notes=again.append)
+    second = CompiledDecoder(model, step, package_folder, again.append, threads=2)
     assert second.built(Greedy()) and second.built(BeamSearch(2)) and not second.built(BeamSearch(3))
-    src = sources(batch=5)
-    _same(generate(second, src, BeamSearch(2), max_len=20), generate(model, src, BeamSearch(2), max_len=20))
-    assert again == []                                                       # loaded, not built
+    assert not CompiledDecoder(model, step, package_folder, threads=1).built(BeamSearch(2))   # built for 2
+    export = torch.export.export
+    try:
+        torch.export.export = None                                           # found without a trace
+        src = sources(batch=5)
+        _same(generate(model, src, BeamSearch(2), max_len=20, compiled=second),
+              generate(model, src, BeamSearch(2), max_len=20))
+    finally:
+        torch.export.export = export
+    assert again == []
 
 
-@pytest.mark.skipif(compiler.cxx_compiler() is None, reason="needs a C++ compiler")
-def test_a_build_that_fails_decodes_eagerly_after_one_note(monkeypatch, package_folder):
-    def broken(*args, **kwargs):
+@pytest.mark.skipif(not HAS_CXX, reason="needs a C++ compiler")
+def test_a_build_that_fails_or_is_interrupted_leaves_nothing_and_decodes_eagerly(monkeypatch, tmp_path):
+    def broken(program, package_path, **kw):
+        Path(package_path).write_bytes(b"half a package")
         raise RuntimeError("the C++ compiler exited with status 1\nmore detail")
 
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", broken)
-    model = tiny(d_ff=80)                                                    # a model no other test built
+    model, src = tiny(d_ff=80), sources()
     notes: list[str] = []
-    src = sources()
-    out = generate(StaticDecoder(model, compiled=True, notes=notes.append), src, Greedy(), max_len=9)
+    out = generate(model, src, Greedy(), max_len=9, compiled=CompiledDecoder(model, step, tmp_path, notes.append))
     _same(out, generate(model, src, Greedy(), max_len=9))
     failed = [n for n in notes if "failed" in n]
-    assert len(failed) == 1 and "status 1" in failed[0] and "more detail" not in failed[0]
+    assert len(failed) == 2 and "status 1" in failed[0] and "more detail" not in failed[0]   # source, step
+    assert list(tmp_path.rglob("*.*")) == []
+
+    def interrupted(program, package_path, **kw):
+        Path(package_path).write_bytes(b"half a package")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        generate(model, src, Greedy(), max_len=9, compiled=CompiledDecoder(model, step, tmp_path))
+    assert list(tmp_path.rglob("*.*")) == []
 
 
-def test_a_source_of_only_pad_decodes_as_in_the_model():
-    """A row with no source key reads zero from cross-attention (the model's rule), never NaN."""
-    model = tiny()
-    src = sources(batch=3)
-    src[1] = 0
-    for search in (Greedy(), BeamSearch(2)):
-        _same(generate(StaticDecoder(model), src, search, max_len=8), generate(model, src, search, max_len=8))
-
-
-def test_buffers_grow_past_their_first_size():
-    """Outputs longer than the first self-attention buffer (SELF_STEP positions) decode as the model's."""
-    from glassformer.inference import static
-
-    model = tiny()
-    src = sources(batch=2)
-    limit = min(model.cfg.max_len, 2 * static.SELF_STEP + 5)
-    _same(generate(StaticDecoder(model), src, Greedy(), max_len=limit), generate(model, src, Greedy(), max_len=limit))
-
-
-def test_a_beam_package_is_built_for_the_threads_decoding_runs_on_and_greedy_for_one():
-    """Beams: one package per thread count (its loops are generated for them), named apart; greedy: one
-    package whatever the thread count."""
-    from glassformer.inference.threads import use_threads
-
-    decoder = StaticDecoder(tiny())
-    with use_threads(1):
-        one = [decoder.packages(s)[1] for s in (Greedy(), BeamSearch(2))]
-        assert step_name(BeamSearch(2)) == "beam 2"
-    with use_threads(2):
-        two = [decoder.packages(s)[1] for s in (Greedy(), BeamSearch(2))]
-        assert step_name(BeamSearch(2)) == "beam 2 on 2 threads" and step_name(Greedy()) == "beam 1"
-    assert one[0] == two[0] and one[1] != two[1]
-    code = decoder._facts("step", BeamSearch(2))["code"]                    # what the step traces is hashed
-    assert {Path(c).name for c in code} == {"search.py", "candidates.py"}
+@pytest.mark.skipif(not HAS_CXX, reason="needs a C++ compiler")
+def test_a_package_that_fails_to_load_decodes_eagerly_after_one_note(monkeypatch, tmp_path):
+    """A package file that is not one (a damaged cache): one note per part, then the eager step's tokens."""
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package",
+                        lambda program, package_path, **kw: Path(package_path).write_bytes(b"not a package"))
+    model, src = tiny(d_ff=72), sources()
+    notes: list[str] = []
+    out = generate(model, src, BeamSearch(2), max_len=9,
+                   compiled=CompiledDecoder(model, step, tmp_path, notes.append, threads=2))
+    _same(out, generate(model, src, BeamSearch(2), max_len=9))
+    failed = [n for n in notes if "failed" in n]
+    assert len(failed) == 2 and all("decoding eagerly" in n and "\n" not in n for n in failed), notes

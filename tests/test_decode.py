@@ -325,38 +325,13 @@ def test_length_penalty_keeps_searching_after_the_first_finished_beam():
 
 # ---- the best n of a row ----------------------------------------------------------------------
 @pytest.mark.parametrize("vocab", [4000, 4001, 1100, 200])
-@pytest.mark.parametrize("n", [2, 8])
-def test_top_n_equals_topk(vocab, n):
-    """The two-pass top n (block maxima, then the best blocks' values) gives torch.topk's values and ids,
-    also when the n best share one block, when the vocabulary is not a multiple of the block, and for a row
-    with fewer than n finite values."""
-    from glassformer.decoding.candidates import TOP_BLOCK, top_n
-
-    g = torch.Generator().manual_seed(vocab + n)
-    x = torch.randn(9, vocab, generator=g)
-    x[1, :n] = 10 + torch.arange(n, dtype=torch.float32)                    # the n best in the first block
-    x[2, -1] = 50.0                                                          # the best in the last, short block
-    x[3] = -math.inf
-    x[3, 7] = 1.0                                                            # one finite value
-    values, ids = top_n(x, n)
-    expected, expected_ids = x.topk(n)
-    assert torch.equal(values, expected)
-    finite = torch.isfinite(values)
-    assert torch.equal(ids[finite], expected_ids[finite])
-    assert ids[1].sort().values.tolist() == list(range(n)) and ids[2, 0] == vocab - 1
-    assert (vocab >= 4 * n * TOP_BLOCK) == (vocab != 200)                    # both branches are tested
-
-
-@pytest.mark.parametrize("traced", [False, True])
-@pytest.mark.parametrize("vocab", [4000, 1100, 200])
-def test_best_continuations_are_the_best_of_every_beam_and_token(monkeypatch, vocab, traced):
+def test_best_continuations_are_the_best_of_every_beam_and_token(vocab):
     """Each sentence's 2K best of score + log_softmax(logits) over all its beams and tokens, PAD never: against
     a brute-force sort of the whole (K x vocab) table in float64; with the best continuations all in one beam,
-    in one block, a dead beam (score -inf) and the form a compiled step traces (run here eagerly)."""
-    from glassformer.decoding.candidates import best_continuations
+    in one block, the best of a sentence in the last (short) block, a dead beam (score -inf), and both ways
+    (blocks, or one topk for a small vocabulary)."""
+    from glassformer.decoding.candidates import TOP_BLOCK, best_continuations
 
-    if traced:
-        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     g = torch.Generator().manual_seed(vocab)
     sent, K, pad = 3, 4, 0
     logits = torch.randn(sent * K, vocab, generator=g) * 3
@@ -365,24 +340,23 @@ def test_best_continuations_are_the_best_of_every_beam_and_token(monkeypatch, vo
     scores = -torch.rand(sent, K, generator=g, dtype=torch.float64) * 5
     scores[1] = torch.tensor([-20.0, 0.0, -20.0, -20.0], dtype=torch.float64)  # (beam 1 far ahead)
     scores[2, 1:] = -math.inf                                                # sentence 2: one live beam
+    logits[8, -1] = 60.0                                                     # sentence 2: its best, the last id
     best, tokens, parents = best_continuations(logits, scores, pad, 2 * K)
     table = scores[:, :, None] + torch.log_softmax(logits.double(), dim=-1).view(sent, K, vocab)
     table[:, :, pad] = -math.inf
     want, at = table.view(sent, -1).topk(2 * K)
-    assert torch.allclose(best, want, rtol=0, atol=1e-5 if traced else 1e-12)   # traced: float32 exponentials
+    assert torch.allclose(best, want, rtol=0, atol=1e-5)                    # float32 exponentials
     assert torch.equal(tokens, at % vocab) and torch.equal(parents, at // vocab)
     assert parents[1].tolist() == [1] * 8 and tokens[1].tolist() == list(range(47, 39, -1))
-    assert (parents[2] == 0).all() and (tokens != pad).all()
+    assert (parents[2] == 0).all() and (tokens != pad).all() and tokens[2, 0] == vocab - 1
+    assert (vocab >= 4 * 2 * K * TOP_BLOCK) == (vocab != 200)                # both ways are tested
 
 
-@pytest.mark.parametrize("traced", [False, True])
-def test_most_probable_is_the_best_non_pad_token_and_its_log_probability(monkeypatch, traced):
-    """Greedy's choice, eager and in the form a compiled step traces: argmax over all but PAD (the first of
-    equals), its log_softmax in float64."""
+def test_most_probable_is_the_best_non_pad_token_and_its_log_probability():
+    """Greedy's choice: argmax over all but PAD (the first of equals), its log_softmax in float64 (to the
+    rounding of float32 exponentials; exact for float64 logits)."""
     from glassformer.decoding.candidates import most_probable
 
-    if traced:
-        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(1))
     logits[0, 0] = 50.0                                                      # PAD the best: the next one wins
     logits[1, 7] = logits[1, 9] = 40.0                                       # equals: the first id
@@ -391,7 +365,9 @@ def test_most_probable_is_the_best_non_pad_token_and_its_log_probability(monkeyp
     want[:, 0] = -math.inf
     assert tokens[:, 0].tolist()[1] == 7 and tokens[0, 0] == want[0].argmax() != 0
     assert torch.equal(tokens[:, 0], want.argmax(dim=-1))
-    assert torch.allclose(log_probs[:, 0], want.max(dim=-1).values, rtol=0, atol=1e-5 if traced else 1e-12)
+    assert torch.allclose(log_probs[:, 0], want.max(dim=-1).values, rtol=0, atol=1e-5)
+    exact, _ = most_probable(logits.double(), pad_id=0)
+    assert torch.allclose(exact[:, 0], want.max(dim=-1).values, rtol=0, atol=1e-12)
 
 
 def test_stop_top_ends_when_a_steps_best_candidate_finishes_and_can_cut_a_better_beam():

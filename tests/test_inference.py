@@ -14,6 +14,7 @@ from glassformer.inference import (
     use_threads,
 )
 from glassformer.model import KVCache, ModelConfig, Transformer, probes
+from glassformer.model.cache import GROW
 
 POSITIONS = ["sinusoidal", "learned", "relative", "rope", "none"]
 EOS = 2
@@ -139,10 +140,13 @@ def test_kv_cache_reorder_keeps_the_right_rows_and_drops_the_others():
         cache.update(mha, row, row)
         cache.advance(1)
     cache.reorder(torch.tensor([2, 2, 0]))                                  # beams: same batch
-    k, _ = cache.update(mha, torch.zeros(3, 2, 1, 4), torch.zeros(3, 2, 1, 4))
-    assert k[:, 0, :, 0].tolist() == [[2.0, 12.0, 0.0], [2.0, 12.0, 0.0], [0.0, 10.0, 0.0]]
+    k, _, visible = cache.update(mha, torch.zeros(3, 2, 1, 4), torch.zeros(3, 2, 1, 4))
+    assert k.shape == (3, 2, 8, 4)                                          # the whole static buffer
+    assert k[:, 0, :3, 0].tolist() == [[2.0, 12.0, 0.0], [2.0, 12.0, 0.0], [0.0, 10.0, 0.0]]
+    assert visible.tolist() == [[True] * 3 + [False] * 5]                   # the new row sees positions 0..2
+    cache.advance(1)
     cache.reorder(torch.tensor([2]))                                        # two sentences left the batch
-    assert cache.k[mha].shape == (1, 2, 8, 4) and cache.k[mha][0, 0, :2, 0].tolist() == [0.0, 10.0]
+    assert cache.k[mha].shape == (1, 2, 8, 4) and cache.k[mha][0, 0, :3, 0].tolist() == [0.0, 10.0, 0.0]
 
 
 def test_kv_cache_reorder_with_the_same_source_moves_self_rows_and_keeps_cross_rows():
@@ -167,7 +171,7 @@ def test_kv_cache_grows_past_its_capacity():
     want = stepped(m, src, tgt)
     cache = m.new_cache(capacity=2)                                         # smaller than the target
     torch.testing.assert_close(stepped(prepare(m), src, tgt, cache=cache), want, atol=2e-5, rtol=1e-5)
-    assert cache.length == 5 and all(t.size(2) >= 5 for t in cache.k.values())
+    assert cache.length == 5 and all(t.size(2) == 2 + GROW for t in cache.k.values())   # grown once, by GROW
 
 
 def test_a_source_of_only_pad_reads_zeros_from_cross_attention():

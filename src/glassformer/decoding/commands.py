@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
+import warnings
 
 from .. import limits
 from ..errors import UsageError
@@ -37,8 +39,8 @@ def _add_decoding(parser: argparse.ArgumentParser, beam: int = 1) -> None:
     parser.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                         help="run the float32 decoding step compiled ahead of time (needs a C++ compiler; built "
                              "once per model and beam size, about a minute, then loaded from the cache): auto "
-                             f"(default) = when a compiler is found and the step is built, or for jobs over "
-                             f"{AUTO_MIN_SENTENCES} sentences; off = eager; the same tokens")
+                             f"(default) = for jobs over {AUTO_MIN_SENTENCES} sentences when a compiler is found; "
+                             "off = eager; the same tokens")
     parser.add_argument("--compile-cache", metavar="DIR",
                         help="where compiled decoding steps are kept (default $TORCHINDUCTOR_CACHE_DIR, else "
                              "~/.cache/glassformer/inductor)")
@@ -55,11 +57,14 @@ def _translator(args):
         limits.check("--max-length", args.max_length, "MAX_SENTENCE_TOKENS")
     translator = Translator.load(model_dir(args), device_name(args.device))
     translator.check_max_length(args.max_length)
+    if args.dtype == "int8":                       # stderr keeps our note: torchao's import logs notes on GPU
+        logging.getLogger("torchao").setLevel(logging.ERROR)                 # kernels, torch.ao its deprecation
+        warnings.filterwarnings("ignore", "torch.ao.quantization is deprecated|torch.quantize_per", Warning)
     translator.model = with_precision(translator.model, args.dtype)          # float32: the model itself
     translator.compile, translator.notes = getattr(args, "compile", "off"), _stderr_note
     translator.stop = getattr(args, "stop", translator.stop)
     if translator.compile != "off":
-        _compile_cache(getattr(args, "compile_cache", None))
+        translator.compile_cache = _compile_cache(getattr(args, "compile_cache", None))
     return translator, DEFAULT_ALPHA if args.alpha is None else args.alpha
 
 
@@ -67,15 +72,26 @@ def _stderr_note(line: str) -> None:
     print(f"glassformer: {line}", file=sys.stderr)
 
 
-def _compile_cache(folder: str | None) -> None:
-    """Compiled decoding steps go to --compile-cache (or the default folder); set before anything compiles."""
-    from ..inference.compiler import use_compile_cache
+def _compile_cache(folder: str | None) -> str:
+    """--compile-cache, else the default (inference.compiler.cache_folder): refused in one line when a file
+    stands in its way; made only when a package is built. Inductor's own kernel cache goes there too
+    (TORCHINDUCTOR_CACHE_DIR, set here, at the command's start)."""
+    from ..inference.compiler import cache_folder, use_compile_cache
 
-    try:
-        use_compile_cache(folder)
-    except OSError as error:
-        raise UsageError(f"--compile-cache: cannot use {folder or 'the default cache folder'}: "
-                         f"{error.strerror or error}", "compile_cache") from None
+    path = cache_folder(folder)
+    blocked = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        raise UsageError(f"--compile-cache: cannot use {path}: {blocked} is not a folder", "compile_cache")
+    return str(use_compile_cache(path))
+
+
+def _decoding_threads(args, sentences: int) -> None:
+    """The command's thread count (threads.py): one for steps of a few rows, else every core it may use."""
+    import torch
+
+    from ..inference.threads import decoding_threads
+
+    torch.set_num_threads(decoding_threads(min(sentences, getattr(args, "batch_size", 64)) * args.beam))
 
 
 # ---- translate -----------------------------------------------------------------------------
@@ -91,6 +107,7 @@ def translate_command(args) -> int:
     translator, alpha = _translator(args)
     translator.batch_size = args.batch_size
     lines = list(args.text) if args.text else [line.rstrip("\r\n") for line in sys.stdin]
+    _decoding_threads(args, len(lines))
     if args.verbose:
         for n, enc in enumerate(translator.analyse(lines), start=1):
             unknown = f"  unknown: {' '.join(enc.unknown)}" if enc.unknown else ""
@@ -123,6 +140,7 @@ def evaluate_command(args) -> int:
     translator, alpha = _translator(args)
     folder = model_dir(args)
     pairs = load_split(args.split)
+    _decoding_threads(args, len(pairs))
     result = evaluate_pairs(translator, pairs, args.input, args.beam, alpha, args.max_length)
     if args.json:
         print(json.dumps({"model": str(folder), "split": args.split, "input": args.input, "beam": args.beam,

@@ -24,8 +24,8 @@ The rules:
 - Decoding starts from the model's `cfg.bos_id`, ends at `cfg.eos_id`, never produces `cfg.pad_id`.
 
 One step costs the loop one look at the host: `Advance.events`, true when a hypothesis finished or a
-sentence is done. Everything else stays in tensors, so a compiled step (inference/static.py) runs
-`Search.advance` inside its graph, and the eager model runs the same function after `decode_step`.
+sentence is done. Everything else stays in tensors, so one function, `step` (the model's `decode_step`,
+then `Search.advance`), runs as it is or compiled into one graph (inference/compiler.py).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from . import candidates
 from .candidates import best_continuations, most_probable
 
 LENGTH_A, LENGTH_B = 2.0, 10      # output limit: a * source_len + b tokens
@@ -117,7 +116,6 @@ class Search:
     first (decoding/candidates.py: no sort of a (rows, vocab) table)."""
 
     beam = 1
-    traced_files = (__file__, candidates.__file__)   # the code a compiled step traces (its package name hashes it)
 
     def rank(self, logits: Tensor, scores: Tensor, pad: int) -> tuple[Tensor, Tensor, Tensor]:
         """logits (sent*K, vocab), scores (sent, K) -> candidates' scores, tokens, parents, each (sent, C)."""
@@ -220,35 +218,61 @@ class _Finished:
 
 
 # ---- the loop -----------------------------------------------------------------------------
-class _CachedRun:
-    """The model's own incremental decoding as a run: `decode_step` through its KV cache, then the
-    strategy's `advance`; the cache's rows follow the beams. (inference.StaticDecoder gives runs with the
-    same three methods, over one static, compilable step.)"""
+SENTENCE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)   # live sentences per step, padded up to one of these
 
-    def __init__(self, model, src: Tensor, src_pad: Tensor, search: Search) -> None:
-        rows = torch.arange(src.size(0), device=src.device).repeat_interleave(search.beam)   # (sent*K,)
-        self.memory = model.encode(src, src_pad)[rows]                      # (sent*K, src, d)
-        self.model, self.src_pad, self.search = model, src_pad[rows], search
-        self.cache = model.new_cache()
-        self.pad_id, self.eos = model.cfg.pad_id, model.cfg.eos_id
+
+def bucket(n: int, sizes: tuple[int, ...] = SENTENCE_BUCKETS) -> int:
+    """The smallest size >= n; past the largest, n rounded up to a multiple of it."""
+    for size in sizes:
+        if n <= size:
+            return size
+    return -(-n // sizes[-1]) * sizes[-1]
+
+
+def step(model, search: Search, cache, memory: Tensor | None, src_pad: Tensor, slots: tuple, length: Tensor,
+         alpha: Tensor) -> tuple:
+    """One step for every row: the model's own `decode_step` through its KV cache, the search's `advance`
+    (the step that makes `length` tokens, a 0-dim tensor), and with beams the cache's rows then follow
+    their parents. The fields of an `Advance`. A compiled step (inference/compiler.py) is this function."""
+    logits = model.decode_step(slots[0][:, None], memory, src_pad, cache)[:, -1]   # (rows, vocab)
+    out = search.advance(logits, slots, length, alpha, model.cfg.pad_id, model.cfg.eos_id)
+    if search.beam > 1:
+        cache.reorder(out[1], same_source=True)                             # beams follow their parents' rows
+    return out
+
+
+class _Run:
+    """One batch: K beams per sentence, the live sentences padded up to a bucket (a finished sentence's rows
+    stay, dead, until the live ones fit a smaller bucket), the source encoded once, then `step` after
+    `step`: as it is, or as `compiled` runs it (inference.compiler.CompiledDecoder: the same function)."""
+
+    def __init__(self, model, src: Tensor, src_pad: Tensor, search: Search, compiled=None) -> None:
+        self.model, self.search, self.compiled = model, search, compiled
+        index = torch.arange(src.size(0), device=src.device).repeat_interleave(search.beam)
+        extra = self.capacity(src.size(0)) * search.beam - index.numel()     # padding rows: the first sentence
+        index = torch.cat([index, index[:1].expand(extra)])                 # (rows,) the sentence of each row
+        self.src_pad, self.cache, self.memory = src_pad[index], model.new_cache(), None
+        if compiled is None:
+            self.memory = model.encode(src, src_pad)[index]                 # (rows, src, d)
+        else:
+            compiled.source(self.cache, src, src_pad, index)                # cross-attention's K/V in the cache
 
     def capacity(self, sentences: int) -> int:
-        """Slots for `sentences` live sentences: exactly those (a finished sentence's rows leave at once)."""
-        return sentences
+        """Slots for `sentences` live sentences: the smallest bucket that holds them."""
+        return bucket(sentences)
 
     def step(self, slots: Slots, length: int, alpha: Tensor) -> tuple:
         """The step that makes `length` tokens: the fields of an `Advance`."""
-        logits = self.model.decode_step(slots.tokens[:, None], self.memory, self.src_pad, self.cache)[:, -1]
+        if self.compiled is not None:
+            return self.compiled.step(self.cache, self.search, slots, length, alpha, self.src_pad)
         at = torch.tensor(length, device=slots.tokens.device)
-        out = self.search.advance(logits, slots, at, alpha, self.pad_id, self.eos)
-        if self.search.beam > 1:
-            self.cache.reorder(out[1], same_source=True)                     # beams follow their parents' rows
-        return out
+        return step(self.model, self.search, self.cache, self.memory, self.src_pad, slots, at, alpha)
 
     def keep(self, rows: Tensor) -> None:
         """Keep rows `rows` (finished sentences left): the cache, the encoder output and its padding."""
         self.cache.reorder(rows)
-        self.memory, self.src_pad = self.memory[rows], self.src_pad[rows]
+        self.src_pad = self.src_pad[rows]
+        self.memory = None if self.memory is None else self.memory[rows]
 
 
 def _initial(sentences: int, n_slots: int, K: int, limits: Tensor, bos: int, device) -> Slots:
@@ -304,15 +328,14 @@ def _kept(slots: Slots, keep: Tensor, live: Tensor, K: int) -> tuple[Slots, Tens
 @torch.no_grad()
 def generate(model, src: Tensor, search: Search, src_pad: Tensor | None = None,
              alpha: float = DEFAULT_ALPHA, max_len: int | Tensor | None = None,
-             n_best: int = 1, stop: str = DEFAULT_STOP) -> list[list[Hypothesis]]:
+             n_best: int = 1, stop: str = DEFAULT_STOP, compiled=None) -> list[list[Hypothesis]]:
     """The n_best hypotheses of each sentence of a batch, best first (n_best <= the beam); `stop` one of
     STOP_RULES.
 
-    `model` is anything with the decoding API: cfg, and either `start(src, src_pad, search)`
-    (a run with `capacity`, `step` and `keep`: inference.StaticDecoder) or encode, new_cache and decode_step
-    (the model, its prepared copy: `_CachedRun`). The rows are slots of K beams; a slot whose sentence is done
-    stays (dead) until the run's capacity for the live sentences is smaller, then the live slots move to
-    the front (the model's own cache: at once; the static step: at its next row bucket).
+    `model` is anything with the decoding API: cfg, encode, new_cache and decode_step (the model, its
+    prepared copy, a bf16 / int8 copy); `compiled` (inference.compiler.CompiledDecoder of the same model)
+    runs its steps as compiled packages. The rows are slots of K beams; a slot whose sentence is done
+    stays (dead) until the live sentences fit a smaller bucket, then the live slots move to the front.
     """
     K = search.beam
     if not 1 <= n_best <= K:
@@ -325,8 +348,7 @@ def generate(model, src: Tensor, search: Search, src_pad: Tensor | None = None,
     limits = sentence_limits(src_pad, cfg.max_len, max_len)                  # (batch,)
     if n == 0:
         return []
-    start = getattr(model, "start", None)
-    run = start(src, src_pad, search) if start is not None else _CachedRun(model, src, src_pad, search)
+    run = _Run(model, src, src_pad, search, compiled)
     n_slots = run.capacity(n)
     slots = _initial(n, n_slots, K, limits, cfg.bos_id, src.device)
     sentence = list(range(n)) + [-1] * (n_slots - n)                         # slot -> sentence (-1: padding)

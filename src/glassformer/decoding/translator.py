@@ -10,38 +10,32 @@ from torch.nn.utils.rnn import pad_sequence
 
 from ..data.tokenize import SourceEncoding, SourceTokenizer, TargetTokenizer
 from ..errors import UsageError
-from ..inference import decoding_threads, prepare, use_threads
-from ..inference.compiler import compile_mode
+from ..inference import prepare
+from ..inference.compiler import CompiledDecoder, cache_folder, compile_mode, unsupported
 from ..inference.precision import precision_of
-from ..inference.static import StaticDecoder, unsupported
+from ..inference.threads import usable_cores
 from ..model import Transformer
-from .search import DEFAULT_ALPHA, DEFAULT_STOP, generate, strategy
-
-
-def _fast(model):
-    """The decoder translation runs: glassformer.inference's prepared weights for a float32 Transformer,
-    prepared now from the model's current weights (a model still training is read afresh at each call); a
-    bfloat16 / int8 copy (inference.with_precision) runs as it is."""
-    return prepare(model) if isinstance(model, Transformer) and precision_of(model) == "float32" else model
+from .search import DEFAULT_ALPHA, DEFAULT_STOP, generate, step, strategy
 
 
 class Translator:
     """Chinese text in, English text out: segmentation, length checks, batched decoding, detokenization.
 
-    compile: "off" (the static step eagerly), "on" or "auto" (the compiled static step of
-    inference/static.py for a float32 Transformer on the CPU; auto: when a C++ compiler is found and the
-    step is already built for this model, or the job has more than AUTO_MIN_SENTENCES sentences,
-    inference/compiler.py). `notes` hears one-line remarks (the CLI: stderr)."""
+    compile: "off" (the model's own decode_step, eagerly, on `prepare(model)`), "on" or "auto" (the same
+    step compiled ahead of time for a float32 Transformer on the CPU, inference/compiler.py; auto: for jobs
+    of more than AUTO_MIN_SENTENCES sentences when a C++ compiler is found); packages are kept under
+    `compile_cache` (default: inference.compiler.cache_folder). `notes` hears one-line remarks (the CLI:
+    stderr). The thread count is the caller's (set at the entry point: threads.py)."""
 
     def __init__(self, model, source: SourceTokenizer, target: TargetTokenizer,
                  device: str | torch.device = "cpu", batch_size: int = 64, compile: str = "off",
-                 notes: Callable[[str], None] | None = None) -> None:
+                 notes: Callable[[str], None] | None = None, compile_cache: str | None = None) -> None:
         self.model, self.source, self.target = model, source, target
         self.device = torch.device(device)
         self.batch_size = batch_size
-        self.compile, self.notes = compile, notes
+        self.compile, self.notes, self.compile_cache = compile, notes, compile_cache
         self.stop = DEFAULT_STOP                                             # decoding/search.py STOP_RULES
-        self._static: tuple[object, StaticDecoder] | None = None            # (model, its compiled step)
+        self._compiled: CompiledDecoder | None = None                        # the model's packages, once loaded
 
     @classmethod
     def load(cls, folder, device: str | torch.device = "cpu") -> Translator:
@@ -85,44 +79,45 @@ class Translator:
         """Target ids for source id lists; sorted by length into batches, returned in input order.
 
         Each sentence generates at most `max_length` tokens (EOS included) when given, else the
-        source-length rule of decoding/search.py; the thread policy follows the batch size."""
+        source-length rule of decoding/search.py."""
         self.check_max_length(max_length)
         out: list[list[int]] = [[] for _ in sources]
         order = sorted((i for i, s in enumerate(sources) if len(s)), key=lambda i: len(sources[i]))
         if not order:
             return out
         search, pad_id = strategy(beam), self.model.cfg.pad_id
-        with use_threads(decoding_threads(min(len(order), self.batch_size) * beam)):
-            decoder = self._decoder(len(order), search)                      # (a beam package is per thread count)
-            for start in range(0, len(order), self.batch_size):
-                chunk = order[start: start + self.batch_size]
-                src = pad_sequence([torch.tensor(sources[i], dtype=torch.long) for i in chunk], batch_first=True,
-                                   padding_value=pad_id).to(self.device)     # (batch, longest)
-                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
-                    hyps = generate(decoder, src, search, alpha=alpha, max_len=max_length, stop=self.stop)
-                for i, h in zip(chunk, hyps, strict=True):
-                    out[i] = h[0].tokens
+        model, compiled = self._decoder(len(order), search)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start: start + self.batch_size]
+            src = pad_sequence([torch.tensor(sources[i], dtype=torch.long) for i in chunk], batch_first=True,
+                               padding_value=pad_id).to(self.device)         # (batch, longest)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+                hyps = generate(model, src, search, alpha=alpha, max_len=max_length, stop=self.stop,
+                                compiled=compiled)
+            for i, h in zip(chunk, hyps, strict=True):
+                out[i] = h[0].tokens
         return out
 
-    def _decoder(self, sentences: int, search):
-        """What decodes `sentences` sentences with `search`: for a float32 Transformer on the CPU the static
-        step, compiled (its weights copied at its first use and kept while the model is the same object: a
-        model still training decodes with compile off) or eagerly (copied now); for anything else
-        `_fast(model)`."""
+    def _decoder(self, sentences: int, search) -> tuple:
+        """What decodes `sentences` sentences with `search`: the model and its packages (made once per model
+        object: a model still training decodes with compile off) when compiling, else `prepare(model)` for a
+        float32 Transformer (its weights copied now: a model still training is read afresh at each call) or
+        the model as it is (a bfloat16 / int8 copy)."""
         model = self.model
-        if (self.device.type != "cpu" or not isinstance(model, Transformer) or precision_of(model) != "float32"
-                or unsupported(model)):
-            return _fast(model)
-        if self.compile != "off":
-            if self._static is None or self._static[0] is not model:
-                self._static = (model, StaticDecoder(model, compiled=True, notes=self._note))
-            static = self._static[1]
-            on, note = compile_mode(self.compile, sentences, cached=static.built(search))
+        if self.compile != "off" and self.device.type == "cpu" and unsupported(model) is None:
+            on, note = compile_mode(self.compile, sentences, lambda: self._packages().built(search))
             if note:
                 self._note(note)
             if on:
-                return static
-        return StaticDecoder(model)                                          # the same step, eagerly
+                return model, self._packages()
+        fast = isinstance(model, Transformer) and precision_of(model) == "float32"
+        return (prepare(model) if fast else model), None
+
+    def _packages(self) -> CompiledDecoder:
+        if self._compiled is None or self._compiled.model is not self.model:
+            self._compiled = CompiledDecoder(self.model, step, cache_folder(self.compile_cache), self._note,
+                                             usable_cores())
+        return self._compiled
 
     def _note(self, line: str) -> None:
         if self.notes is not None:

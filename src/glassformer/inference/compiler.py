@@ -1,25 +1,23 @@
-"""When and how the static decoding step (static.py) is compiled: `--compile auto|on|off`, the C++ compiler
-it needs, the ahead-of-time build of the step, and the folder its packages are kept in.
+"""The model's own decoding step, compiled ahead of time: `--compile auto|on|off`, the C++ compiler it needs,
+the build, the package's name and the folder packages are kept in.
 
-    mode = compile_mode("auto", sentences=200)     # "on" / "off", with the reason when it is off
-    use_compile_cache(None)                        # at an entry point, before the first compilation
-    step = compiled(StepGraph(...), example_inputs, dynamic_shapes, facts)
+    decoder = CompiledDecoder(model, step, cache_folder(None), notes=print)   # step: decoding/search.py's
+    generate(prepare(model), src, BeamSearch(4), compiled=decoder)
 
-Each part of the static step (static.py: the source side, and the step of each beam size) is traced once
-by `torch.export` with every size symbolic (rows, target positions, source positions, the output limit),
-then built by AOTInductor into one package (generated C++ compiled by the system's compiler, the weights
-inside): the model's first run pays that build (tens of seconds a part on 2 cores), later runs load the
-package from the cache folder in a fraction of a second, and one package serves every batch and sentence
-length. The package's name is a hash of everything its code depends on: the weights and sizes, the beam,
-the code of the model, of this layer and of the search, the torch version and the CPU's instruction set,
-so a changed model, program or machine builds a new one and never loads a stale one.
+Two parts are traced by `torch.export` with every size symbolic (rows, target and source positions, the
+output limit) and built by AOTInductor into a package each (generated C++ compiled by the system's compiler,
+the weights inside): `Source`, the model's encoder and each layer's cross-attention `project_kv`, once per
+batch; and `Step`, decoding/search.py's `step` (the model's own `decode_step` over a KVCache made of the
+step's inputs, then the search's `advance`, then the beams' rows) for one beam size. The traced model is
+`prepare(model, onednn=False)` (its products in the W^T layout, hook points inert). One package serves every
+batch, sentence length and step; the run grows the cache's buffers between steps.
 
-This is the one place that calls AOTInductor (`torch._inductor.aoti_compile_and_package` and
-`aoti_load_package`, its documented entry points: https://pytorch.org/docs/stable/torch.compiler_aot_inductor.html),
-and the one place that reaches past them: a package is loaded by the C++ loader `aoti_load_package` itself
-builds (`torch._C._aoti.AOTIModelPackageLoader`, so a cached start does not import inductor) and run through
-it with one list of tensors (`Package`), not through the generic __call__.
-Training's `--compile` uses torch.compile and shares the compiler detection and the cache folder.
+A package is named by what it computes: a hash of the exported graph (its operations, not the source text or
+its path: a comment edit or a moved checkout finds the same package), the weights, the threads its loops are
+generated for, torch's version and the CPU's instruction set. A build writes a temporary file and renames it
+(a failed or interrupted build leaves nothing); a package that fails to build or to load is one note, then
+that part runs eagerly: the same function, the same tokens. Loaded packages run through the C++ loader that
+`torch._inductor.aoti_load_package` builds (no inductor import on a cached start), with one list of tensors.
 """
 
 from __future__ import annotations
@@ -30,22 +28,23 @@ import os
 import platform
 import shutil
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-from .threads import use_threads
+from ..model.cache import GROW, KVCache
+from ..model.transformer import Transformer
+from .prepare import prepare
 
 COMPILE_MODES = ("auto", "on", "off")
-AUTO_MIN_SENTENCES = 100       # auto: build a package only for jobs long enough to win its build back
+AUTO_MIN_SENTENCES = 100       # auto: compile only jobs long enough to win back a build or a trace
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
-PACKAGES = "packages"          # below the cache folder: one .pt2 per model and beam size
-BUILD_THREADS = 1              # the package's own loops are generated for this many threads (its products run
-                               # on torch's threads of the moment) unless facts["threads"] says otherwise: one,
-                               # so a batch-1 step enters no parallel region (static.py: beams build for theirs)
+PACKAGES = "packages"          # below the cache folder: the .pt2 packages
+MAX_LEN = 512                  # longer max_len: decoded eagerly
+MAX_ROWS = 1 << 14             # rows a package accepts (sentences x beam)
+_USER_FOLDER = os.environ.get(CACHE_ENV)   # the user's choice, read before inductor sets its own default
 
 
 def cxx_compiler() -> str | None:
@@ -58,11 +57,10 @@ def cxx_compiler() -> str | None:
     return None
 
 
-def compile_mode(requested: str, sentences: int, cached: bool = False) -> tuple[bool, str | None]:
+def compile_mode(requested: str, sentences: int, built: Callable[[], bool] = lambda: False) -> tuple[bool, str | None]:
     """Whether to compile the decoding step, and a one-line note when `on` was asked for but cannot be.
-
-    auto: on when a C++ compiler is found and the package is already built (`cached`) or the job has more
-    than AUTO_MIN_SENTENCES sentences."""
+    auto: on when a C++ compiler is found and the job has more than AUTO_MIN_SENTENCES sentences or its
+    packages are `built()` (asked last: it hashes the weights)."""
     if requested not in COMPILE_MODES:
         raise ValueError(f"compile mode must be one of {COMPILE_MODES}, got {requested!r}")
     if requested == "off":
@@ -70,89 +68,211 @@ def compile_mode(requested: str, sentences: int, cached: bool = False) -> tuple[
     if cxx_compiler() is None:
         note = "--compile on: no C++ compiler found (g++, clang++ or $CXX); decoding eagerly"
         return False, note if requested == "on" else None
-    return requested == "on" or cached or sentences > AUTO_MIN_SENTENCES, None
+    return requested == "on" or sentences > AUTO_MIN_SENTENCES or built(), None
 
 
-def default_cache_dir() -> Path:
-    """$XDG_CACHE_HOME/glassformer/inductor, else ~/.cache/glassformer/inductor."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "glassformer" / "inductor"
-
-
-# The user's TORCHINDUCTOR_CACHE_DIR, read when glassformer starts: once inductor has run, the variable
-# holds inductor's own default (a folder under /tmp), which is not the user's choice.
-_USER_FOLDER = os.environ.get(CACHE_ENV)
-_folder: Path | None = None       # the cache folder chosen by use_compile_cache
+def cache_folder(folder: str | os.PathLike | None = None) -> Path:
+    """`folder`, else the user's TORCHINDUCTOR_CACHE_DIR, else $XDG_CACHE_HOME or ~/.cache /glassformer/inductor."""
+    if folder is not None:
+        return Path(folder).expanduser()
+    return Path(_USER_FOLDER or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                / "glassformer" / "inductor")
 
 
 def use_compile_cache(folder: str | os.PathLike | None = None) -> Path:
-    """Choose the cache folder: `folder`, else the user's TORCHINDUCTOR_CACHE_DIR, else default_cache_dir().
-    Packages go to its packages/ folder, inductor's own kernel cache to the folder itself (the variable is
-    set for it). Call at an entry point, before anything is compiled in this process."""
-    global _folder
-    path = Path(folder).expanduser() if folder is not None else Path(_USER_FOLDER or default_cache_dir())
-    path.mkdir(parents=True, exist_ok=True)
+    """For an entry point (a command's or training's start): inductor's own kernel cache goes to
+    `cache_folder(folder)` (TORCHINDUCTOR_CACHE_DIR). Returns the folder; nothing is created."""
+    path = cache_folder(folder)
     os.environ[CACHE_ENV] = str(path)
-    _folder = path
     return path
 
 
-def package_path(module: nn.Module, facts: dict) -> Path:
-    """Where the package of `module` is kept: <cache folder>/packages/<kind>-<hash>.pt2."""
-    folder = (_folder or Path(_USER_FOLDER or default_cache_dir())) / PACKAGES
-    return folder / f"{facts['kind']}-{_fingerprint(module, facts)}.pt2"
+def unsupported(model) -> str | None:
+    """Why the compiled step does not run `model` (None when it does)."""
+    if not isinstance(model, Transformer):
+        return "not an encoder-decoder Transformer"
+    if model.cfg.positions not in ("sinusoidal", "learned", "none"):
+        return f"{model.cfg.positions} positions"
+    if model.cfg.max_len > MAX_LEN:
+        return f"max_len {model.cfg.max_len} over {MAX_LEN}"
+    if model.head.weight.dtype != torch.float32 or getattr(model, "precision", "float32") != "float32":
+        return "weights not in float32"
+    return None
 
 
-def _fingerprint(module: nn.Module, facts: dict) -> str:
-    """A hash of what the compiled code depends on: `facts`, the weights and their names, the code of the
-    model and of this speed layer (and the files listed in facts["code"]), torch and the CPU's instructions."""
-    h = hashlib.sha256()
-    machine = {"torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(),
-               "machine": platform.machine()}
-    h.update(json.dumps({**facts, **machine}, sort_keys=True, default=str).encode())
-    package = Path(__file__).resolve().parents[1]
-    files = sorted([*package.glob("model/*.py"), *package.glob("inference/*.py")])
-    for name in [*files, *facts.get("code", ())]:
-        h.update(Path(name).read_bytes())
-    for name, t in module.state_dict().items():
-        h.update(name.encode())
-        h.update(str(tuple(t.shape)).encode())
-        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:24]
+class Source(nn.Module):
+    """src (sent, src), src_pad (sent, src) True = PAD, index (rows,) the sentence of each row -> each decoder
+    layer's cross-attention K, then V (rows, heads, src, d): the model's encoder and `project_kv`."""
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, src: Tensor, src_pad: Tensor, index: Tensor) -> tuple[Tensor, ...]:
+        memory = self.model.encode(src, src_pad).index_select(0, index)     # (rows, src, d)
+        kv = [layer.cross_attention.project_kv(memory) for layer in self.model.decoder.layers]
+        return (*[k.contiguous() for k, _ in kv], *[v.contiguous() for _, v in kv])
 
 
-def compiled(module: nn.Module, example: tuple, dynamic: tuple, facts: dict,
-             notes: Callable[[str], None] | None = None, path: Path | None = None) -> Callable:
-    """`module` (whose forward returns a flat tuple of tensors) as a compiled package, built now by tracing
-    it on `example` inputs with the symbolic sizes `dynamic` (torch.export's dynamic_shapes), or loaded from
-    the cache folder (at `path`, when the caller has it: `package_path` hashes every weight); should building
-    or loading fail (no working C++ toolchain), `module` itself and one note."""
-    path = package_path(module, facts) if path is None else path
+class Step(nn.Module):
+    """decoding/search.py's `step` over tensors: the fields of its `Slots`, `pos` (0-dim) the position of the
+    tokens, alpha, src_pad (rows, src) and the cache's buffers -> the fields of an `Advance`, then the
+    self-attention K and V buffers the next step reads (with beams, new ones whose rows follow the beams)."""
+
+    def __init__(self, model: Transformer, step: Callable, search) -> None:
+        super().__init__()
+        self.model, self.step, self.search = model, step, search
+        self.selfs = [layer.self_attention for layer in model.decoder.layers]
+        self.crosses = [layer.cross_attention for layer in model.decoder.layers]
+
+    def forward(self, tokens, scores, limits, live, worst, history, pos: Tensor, alpha: Tensor, src_pad: Tensor,
+                self_k: list[Tensor], self_v: list[Tensor], cross_k: list[Tensor], cross_v: list[Tensor]) -> tuple:
+        cache = KVCache(position=pos, k=dict(zip(self.selfs, self_k, strict=True)),
+                        v=dict(zip(self.selfs, self_v, strict=True)),
+                        cross={a: kv for a, *kv in zip(self.crosses, cross_k, cross_v, strict=True)})
+        slots = (tokens, scores, limits, live, worst, history)
+        out = self.step(self.model, self.search, cache, None, src_pad, slots, pos + 1, alpha)
+        return (*out, *cache.k.values(), *cache.v.values())
+
+
+class CompiledDecoder:
+    """The packages of one model: Source, and Step per beam size over `step` (decoding/search.py's: inference
+    sits below decoding), each built or loaded on first use (or, after a note, run eagerly). `threads`: what
+    a beam step's loops are generated for, one build per count (a greedy step's: one). Measured: a beam-4
+    step of 32 sentences built for 2 threads took 0.78x the time of one built for 1; a greedy step built for
+    2 was slower at batch 1, 671 against 573 us (docs/performance.md)."""
+
+    def __init__(self, model: Transformer, step: Callable, folder: Path, notes: Callable[[str], None] | None = None,
+                 threads: int | None = None) -> None:
+        self.model, self.step_fn, self.folder, self.notes = model, step, folder, notes or (lambda line: None)
+        self.fast = prepare(model, onednn=False)                            # what is traced
+        for embed in (self.fast.src_embed, self.fast.tgt_embed):
+            if embed.sinusoidal:                                             # its table made before any tracing
+                embed.position_table(torch.float32, embed.token.weight.device)
+        self.threads = threads or torch.get_num_threads()
+        self.positions = tuple(torch.tensor(i) for i in range(model.cfg.max_len))   # 0-dim: a step's `pos`
+        self.parts: dict[str, Callable] = {}                                 # "source" / "beam4" -> package
+        self.paths: dict[str, Path] = {}                                     # ... and where it is kept
+        self._weights: str | None = None                                     # their hash, once (_recipe)
+
+    def source(self, cache: KVCache, src: Tensor, src_pad: Tensor, index: Tensor) -> None:
+        """Each decoder layer's cross-attention K/V for the rows `index`, into `cache`."""
+        inputs = (src, src_pad, index)
+        out = self._part("source", None, inputs)(*inputs)
+        layers = [layer.cross_attention for layer in self.fast.decoder.layers]
+        cache.cross = {a: (k, v) for a, k, v in zip(layers, out[:len(layers)], out[len(layers):], strict=True)}
+
+    def step(self, cache: KVCache, search, slots: tuple, length: int, alpha: Tensor, src_pad: Tensor) -> tuple:
+        """The step that makes `length` tokens: the fields of an `Advance`; the cache takes the new buffers."""
+        selfs = [layer.self_attention for layer in self.fast.decoder.layers]
+        if not cache.k:                                                      # the first step: zeroed buffers
+            k = next(iter(cache.cross.values()))[0]
+            for a in selfs:
+                cache.k[a] = k.new_zeros(k.size(0), a.heads, cache.capacity, a.d_k)
+                cache.v[a] = k.new_zeros(k.size(0), a.heads, cache.capacity, a.d_v)
+        cache.reserve(1)
+        inputs = (*slots, self.positions[length - 1], alpha, src_pad, [cache.k[a] for a in selfs],
+                  [cache.v[a] for a in selfs], *([kv[i] for kv in cache.cross.values()] for i in (0, 1)))
+        out = self._part(f"beam{search.beam}", search, inputs)(*inputs)
+        n, layers = len(out) - 2 * len(selfs), len(selfs)
+        cache.k = dict(zip(selfs, out[n: n + layers], strict=True))
+        cache.v = dict(zip(selfs, out[n + layers:], strict=True))
+        cache.advance(1)
+        return out[:n]
+
+    def built(self, search) -> bool:
+        """Whether the source side and the step of `search` were built before (no trace: their recipes' notes)."""
+        return all(self._found(kind, s) is not None for kind, s in (("source", None), (f"beam{search.beam}", search)))
+
+    def _part(self, kind: str, search, inputs: tuple) -> Callable:
+        """The package of `kind`: found, else traced and named, then loaded or built; should any of that fail,
+        the module itself after one note."""
+        if kind in self.parts:
+            return self.parts[kind]
+        beam = 0 if search is None else search.beam
+        module = Source(self.fast) if search is None else Step(self.fast, self.step_fn, search)
+        what, threads = "the source side" if beam == 0 else f"the step for beam {beam}", self.threads if beam > 1 else 1
+        try:
+            path = self._found(kind, search)
+            if path is None:
+                example = _example(inputs, beam)
+                with torch.no_grad():
+                    dynamic = _dynamic(example, beam, self.model.cfg.max_len)
+                    program = torch.export.export(module, example, dynamic_shapes=dynamic)
+                path = self.folder / PACKAGES / f"{kind}-{package_name(program, threads)}.pt2"
+                if not path.exists():
+                    self.notes(f"--compile: building {what} (once per model; later runs load it from {path.parent})")
+                    began = time.perf_counter()
+                    _written(path, lambda partial: torch._inductor.aoti_compile_and_package(
+                        program, package_path=str(partial), inductor_configs={"cpp.threads": threads}))
+                    self.notes(f"--compile: built in {time.perf_counter() - began:.1f} s")
+                _written(self._note(kind, search), lambda partial: partial.write_text(path.name))
+            self.paths[kind], self.parts[kind] = path, Package(path)
+        except Exception as error:                                           # no working toolchain, a bad package
+            first = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
+            self.notes(f"compiling {what} failed ({type(error).__name__}: {first}); decoding eagerly")
+            self.parts[kind] = module
+        return self.parts[kind]
+
+    def _found(self, kind: str, search) -> Path | None:
+        """The package a trace of the same recipe named before, when it is still there."""
+        note = self._note(kind, search)
+        path = note.parent / note.read_text().strip() if note.exists() else None
+        return path if path is not None and path.exists() else None
+
+    def _note(self, kind: str, search) -> Path:
+        """Where the recipe of `kind` names its package. A recipe is a hash of what goes into a trace: the
+        weights, the source bytes of the code traced (not their paths), the strategy and the build's facts;
+        a shortcut only: a comment edit misses it, then the trace names the same package."""
+        if self._weights is None:
+            h = hashlib.sha256()
+            for name, t in self.model.state_dict().items():
+                h.update(f"{name} {tuple(t.shape)} {t.dtype}".encode())
+                h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+            self._weights = h.hexdigest()
+        threads = self.threads if search is not None and search.beam > 1 else 1
+        root = Path(__file__).resolve().parents[1]
+        h = hashlib.sha256(json.dumps([self._weights, repr(self.model.cfg), _machine(threads),
+                                       type(search).__module__, type(search).__qualname__]).encode())
+        for name in sorted([*root.glob("model/*.py"), *root.glob("inference/*.py"), *root.glob("decoding/*.py")]):
+            h.update(name.read_bytes())
+        return self.folder / PACKAGES / f"{kind}-{h.hexdigest()[:24]}.name"
+
+
+def _written(path: Path, write: Callable[[Path], object]) -> None:
+    """`write(partial)` to a temporary name beside `path`, then renamed: whole or absent, never half-written
+    (a failed or interrupted write leaves nothing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.stem}.{os.getpid()}.partial{path.suffix}")
     try:
-        if not path.exists():
-            what = "the decoding step's source side" if facts["kind"] == "source" else \
-                f"the decoding step for beam {facts.get('beam')}"
-            _note(notes, f"--compile: building {what} (once per model; later runs load it from {path.parent})")
-            began = time.perf_counter()
-            with torch.no_grad(), warnings.catch_warnings(), use_threads(facts.get("threads", BUILD_THREADS)):
-                warnings.simplefilter("ignore", FutureWarning)              # torch's own deprecations while tracing
-                program = torch.export.export(module, example, dynamic_shapes=dynamic)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.pt2")
-                torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
-            os.replace(partial, path)                                       # whole or absent, never half-written
-            _note(notes, f"--compile: built in {time.perf_counter() - began:.1f} s")
-        return Package(path)
-    except Exception as error:                                              # compiler missing or failing
-        first = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
-        _note(notes, f"compiling the decoding step failed ({type(error).__name__}: {first}); decoding eagerly")
-        return module
+        write(partial)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _machine(threads: int) -> dict:
+    return {"torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(),
+            "machine": platform.machine(), "threads": threads}
+
+
+def package_name(program: torch.export.ExportedProgram, threads: int) -> str:
+    """A hash of what a package computes: the exported graph (operations and their arguments; no source lines
+    or paths), its symbolic sizes' ranges, its weights and constants, the build threads, torch and the CPU."""
+    h = hashlib.sha256(json.dumps(_machine(threads)).encode())
+    h.update(str(program.graph).encode())
+    h.update(str(sorted((str(k), str(v)) for k, v in program.range_constraints.items())).encode())
+    for name, t in sorted({**program.state_dict, **program.constants}.items()):
+        if isinstance(t, Tensor):
+            h.update(f"{name} {tuple(t.shape)} {t.dtype}".encode())
+            h.update(t.detach().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:24]
 
 
 class Package:
     """A loaded package called like the module it was built from (tensors and lists of tensors in, a flat
-    tuple of tensors out): its runner takes one list of tensors. (The package's own __call__ does this with
-    torch's generic tree code, reading its specs anew at every call: at batch 1 that was a fifth of a step.)"""
+    tuple out). Its runner takes one list of tensors: the package's own __call__ flattens and rebuilds with
+    torch's generic tree code at every call, a fifth of a batch-1 step."""
 
     def __init__(self, path: Path) -> None:
         loader = getattr(getattr(torch._C, "_aoti", None), "AOTIModelPackageLoader", None)
@@ -166,6 +286,37 @@ class Package:
         return tuple(self.runner.boxed_run(flat))
 
 
-def _note(notes: Callable[[str], None] | None, line: str) -> None:
-    if notes is not None:
-        notes(line)
+def _example(inputs: tuple, beam: int) -> tuple:
+    """Inputs like `inputs` with every dynamic size 2 or 3 (2 sentences, 3 positions): above 1, so tracing
+    keeps each size symbolic."""
+    def sized(t: Tensor, **dims: int) -> Tensor:
+        shape = list(t.shape)
+        for dim, size in dims.items():
+            shape[int(dim[1:])] = size
+        return t.new_zeros(shape)
+    if beam == 0:
+        src, src_pad, _ = inputs
+        return sized(src, d0=2, d1=3) + 5, sized(src_pad, d0=2, d1=3), torch.tensor([0, 1, 1])
+    tokens, scores, limits, live, worst, history, pos, alpha, src_pad, *buffers = inputs
+    rows, slot = {"d0": 2 * beam}, {"d0": 2}
+    slots = (sized(tokens, **rows), sized(scores, **slot), sized(limits, **slot) + 3, sized(live, **slot),
+             sized(worst, **slot), sized(history, **rows, d1=3))
+    return (*slots, pos, alpha, sized(src_pad, **rows, d1=3), *[[sized(t, **rows, d2=3) for t in ts] for ts in buffers])
+
+
+def _dynamic(example: tuple, beam: int, max_len: int) -> tuple:
+    """torch.export's symbolic sizes of Source's inputs (beam 0) or Step's: sentence slots, rows (slots x beam),
+    source positions, self-attention positions, the history's width."""
+    Dim = torch.export.Dim
+    source = Dim("source", min=1, max=max_len)
+    if beam == 0:
+        sentences, rows = Dim("sentences", min=1, max=MAX_ROWS), Dim("rows", min=1, max=MAX_ROWS)
+        return {0: sentences, 1: source}, {0: sentences, 1: source}, {0: rows}
+    slots = Dim("slots", min=1, max=MAX_ROWS // beam)
+    rows = slots if beam == 1 else beam * slots
+    positions, limit = Dim("positions", min=1, max=max_len + GROW), Dim("limit", min=1, max=max_len)
+    *_, self_k, self_v, cross_k, cross_v = example
+    state = ({0: rows}, {0: slots}, {0: slots}, {0: slots}, {0: slots}, {0: rows, 1: limit})
+    return (*state, None, None, {0: rows, 1: source}, [{0: rows, 2: positions}] * len(self_k),
+            [{0: rows, 2: positions}] * len(self_v), [{0: rows, 2: source}] * len(cross_k),
+            [{0: rows, 2: source}] * len(cross_v))

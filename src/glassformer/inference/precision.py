@@ -22,12 +22,9 @@ says in one line when the chosen precision is likely to be slower than float32 h
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import functools
-import logging
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,26 +137,11 @@ def _swap_linears(model: nn.Module, make) -> None:
                 setattr(parent, name, make(child))
 
 
-@contextlib.contextmanager
-def _quiet_import() -> Iterator[None]:
-    """torchao's import logs warnings about optional GPU kernels; keep a CPU user's stderr to our note."""
-    loggers = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
-
-
 def int8_backend() -> str:
     """"torchao" when torchao's quantize_ is importable, else "torch.ao" when torch still has
     quantize_dynamic, else a UsageError saying what to install."""
     try:
-        with _quiet_import():
-            from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_  # noqa: F401
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_  # noqa: F401
         return "torchao"
     except ImportError:
         pass
@@ -176,13 +158,9 @@ def _int8(model: nn.Module) -> nn.Module:
         # per-row weights = one scale per output channel; no process-wide inductor settings
         quantize_(model, Int8DynamicActivationInt8WeightConfig(granularity=PerRow(), set_inductor_config=False))
         return model
-    import warnings
-
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", (DeprecationWarning, UserWarning))       # the deprecation notice
-        return quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
+    return quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
 
 
 def with_precision(model: nn.Module, dtype: str, note: bool = True) -> nn.Module:

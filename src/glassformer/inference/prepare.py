@@ -9,9 +9,9 @@ The copy keeps the model's classes and forwards; some children are replaced by o
 same: every nn.Linear by a `PreparedLinear` (W laid out once, weights.py), each self-attention by a
 `FusedSelfAttention` whose Q, K, V come from one product [W^Q | W^K | W^V], every hook point and every
 dropout (identity in eval) by an inert identity (nothing fires; to observe or intervene, run the model
-itself), and attention runs on SDPA. It is the eager decoder for what the static step (static.py) does
-not run and for the encoder. Tests hold its tokens identical and its logits equal to the model's to
-float rounding (tests/test_inference.py).
+itself), and attention runs on SDPA. Translation runs it eagerly; `prepare(model, onednn=False)` is what
+the compiled step traces (compiler.py). Tests hold its tokens identical and its logits equal to the
+model's to float rounding (tests/test_inference.py).
 """
 
 from __future__ import annotations

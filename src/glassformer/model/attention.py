@@ -26,11 +26,13 @@ from .positions import RelativePositionBias, RotaryEmbedding
 
 
 def attend_math(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, bias: Tensor | None = None, *,
-                scale: bool = True, dropout: float = 0.0, heads: nn.ModuleList | None = None) -> Tensor:
+                scale: bool = True, dropout: float = 0.0, heads: nn.ModuleList | None = None,
+                guard: bool = True) -> Tensor:
     """The formula written out. q (batch, heads, query, d_k), k (.., key, d_k), v (.., key, d_v);
     mask (batch|1, 1|heads, query, key) True = may attend; bias (heads, query, key). -> (batch, heads, query, d_v).
 
-    A query row with no visible key gets zero weights and zero output (never NaN)."""
+    A query row with no visible key gets zero weights and zero output (never NaN); `guard=False`: the
+    caller knows every row sees a key (a KV cache's row sees its own)."""
     hook = (lambda part, x: _per_head(heads, part, x)) if heads is not None else (lambda part, x: x)
     q, k, v = hook("q", q), hook("k", k), hook("v", v)
     scores = hook("scores", q @ k.transpose(-2, -1))                         # (batch, heads, query, key)
@@ -40,7 +42,7 @@ def attend_math(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, bia
     if mask is not None:
         scaled = scaled.masked_fill(~mask, float("-inf"))                   # masked entries: -inf
     scaled = hook("scaled_scores", scaled)
-    _, has_key = guard_empty_rows(mask)                                      # rows with no visible key
+    _, has_key = guard_empty_rows(mask) if guard else (mask, None)          # rows with no visible key
     logits = scaled if has_key is None else scaled.masked_fill(~has_key, 0.0)
     weights = torch.softmax(logits, dim=-1)                                  # softmax over keys
     if has_key is not None:
@@ -52,9 +54,9 @@ def attend_math(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, bia
 
 
 def attend_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, bias: Tensor | None = None, *,
-                scale: bool = True, dropout: float = 0.0) -> Tensor:
+                scale: bool = True, dropout: float = 0.0, guard: bool = True) -> Tensor:
     """The same result from `F.scaled_dot_product_attention` (no per-head hook points)."""
-    mask, has_key = guard_empty_rows(mask)
+    mask, has_key = guard_empty_rows(mask) if guard else (mask, None)
     attn_mask = mask
     if bias is not None:
         attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
@@ -133,16 +135,18 @@ class MultiHeadAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, self.heads, width).transpose(1, 2)              # (batch, heads, len, width)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None) -> Tensor:
-        """softmax(q k^T / sqrt(d_k) + bias, masked) v per head -> (batch, heads, query, d_v)."""
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
+               guard: bool = True) -> Tensor:
+        """softmax(q k^T / sqrt(d_k) + bias, masked) v per head -> (batch, heads, query, d_v); `guard`: a row
+        may see no key (False: every row sees one, no check)."""
         mask = as_attention_mask(mask)
         if mask is not None and self.mask.fns:
             b, n_q, n_k = q.size(0), q.size(2), k.size(2)
             mask = self.mask(mask.expand(b, -1, n_q, n_k)[:, 0])[:, None]     # (batch, query, key) probe
         dropout = self.dropout if self.training else 0.0
         if self.path == "glass" or self._head_hooks:
-            return attend_math(q, k, v, mask, bias, scale=self.scale, dropout=dropout, heads=self.head)
-        return attend_sdpa(q, k, v, mask, bias, scale=self.scale, dropout=dropout)
+            return attend_math(q, k, v, mask, bias, scale=self.scale, dropout=dropout, heads=self.head, guard=guard)
+        return attend_sdpa(q, k, v, mask, bias, scale=self.scale, dropout=dropout, guard=guard)
 
     def combine(self, heads_out: Tensor) -> Tensor:
         """(batch, heads, query, d_v) -> Concat(heads) W^O: (batch, query, d)."""
@@ -175,24 +179,29 @@ class SelfAttention(MultiHeadAttention):
                 cache: KVCache | None = None) -> Tensor:
         """x: (batch, query, d). mask: broadcastable to (batch, heads, query, key), True = may attend.
 
-        causal: add the triangle, aligned to the cache (query i sits at position cache.length + i).
-        cache: the K/V rows of earlier steps; this call's rows are written after them (incremental decoding).
+        causal: add the triangle (with a cache, every row sees the cached keys up to its own position).
+        cache: the K/V rows of earlier steps; this call's rows are written at their positions after them
+        (incremental decoding), and the queries read the cache's whole buffer through its mask.
         """
         q, k, v = self.project(x)                                            # (batch, heads, len, d_k|d_v)
-        offset = cache.length if cache is not None else 0
         positions = None
-        if self.rope is not None or self.relative is not None:
-            positions = torch.arange(offset, offset + q.size(2), device=q.device)   # absolute positions
+        if cache is not None:
+            positions = cache.start(q.size(2), q.device)                     # (len,) absolute positions
+        elif self.rope is not None or self.relative is not None:
+            positions = torch.arange(q.size(2), device=q.device)
         if self.rope is not None:
             q, k = self.rope(q, positions), self.rope(k, positions)
+        guard = True
         if cache is not None:
-            k, v = cache.update(self, k, v)                                  # (batch, heads, offset+len, d)
+            k, v, visible = cache.update(self, k, v)                         # (batch, heads, positions, d)
+            guard = mask is not None                                         # each row sees its own key
+            mask = combine(visible, as_attention_mask(mask))                 # (query, positions) and mask
+        elif causal and q.size(2) > 1:                                       # one query row sees every key
+            mask = combine(causal_mask(q.size(2), k.size(2), device=q.device), as_attention_mask(mask))
         bias = None
         if self.relative is not None:
             bias = self.relative(positions, torch.arange(k.size(2), device=q.device)).to(q.dtype)  # (H, q, k)
-        if causal and q.size(2) > 1:                                         # one query row sees every key
-            mask = combine(causal_mask(q.size(2), k.size(2), offset, device=q.device), as_attention_mask(mask))
-        return self.combine(self.attend(q, k, v, mask, bias))
+        return self.combine(self.attend(q, k, v, mask, bias, guard))
 
 
 class CrossAttention(MultiHeadAttention):
@@ -215,6 +224,8 @@ class CrossAttention(MultiHeadAttention):
         q = self.project_q(x)                                                # (batch, heads, query, d_k)
         kv = cache.cross.get(self) if cache is not None else None
         if kv is None:
+            if memory is None:
+                raise ValueError("cross-attention needs the encoder output (memory)")
             kv = self.project_kv(memory)                                     # (batch, heads, src, d_k|d_v)
             if cache is not None:
                 cache.cross[self] = kv

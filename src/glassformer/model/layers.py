@@ -123,8 +123,6 @@ class DecoderLayer(nn.Module):
         """y: (batch, tgt, d), the whole target, or with `cache` only its newest rows; memory: (batch, src, d);
         masks True = may attend."""
         y = self.sublayer[0](y, lambda h: self.self_attention(h, self_mask, causal=causal, cache=cache))
-        if self.cross_attention is not None:
-            if memory is None:
-                raise ValueError("DecoderLayer with cross-attention needs the encoder output (memory)")
+        if self.cross_attention is not None:                                 # memory: None once the cache has K/V
             y = self.sublayer[1](y, lambda h: self.cross_attention(h, memory, memory_mask, cache=cache))
         return self.output(self.sublayer[-1](y, self.ffn))                   # (batch, tgt, d)

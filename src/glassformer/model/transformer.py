@@ -42,18 +42,21 @@ class Embeddings(nn.Module):
             self._tables[key] = table.to(device=device, dtype=dtype)
         return self._tables[key]
 
-    def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
-        """ids: (batch, len) -> (batch, len, d); `offset` = absolute position of the first row."""
+    def forward(self, ids: Tensor, offset: int = 0, at: Tensor | None = None) -> Tensor:
+        """ids: (batch, len) -> (batch, len, d); `offset` = absolute position of the first row; `at` = the
+        rows' absolute positions (len,) as a tensor (a decoding step: the KV cache's, `offset` its length)."""
         n = ids.size(1)
         if offset + n > self.cfg.max_len and self.cfg.positions in ("sinusoidal", "learned"):
             raise ValueError(f"sequence length {offset + n} exceeds max_len {self.cfg.max_len}")
         x = self._lookup(ids)                                                # (batch, len, d)
         if self.sinusoidal:                                                  # one op: PE + sqrt(d) x
-            x = torch.add(self.position_table(x.dtype, x.device)[offset: offset + n], x, alpha=self.scale)
+            table = self.position_table(x.dtype, x.device)
+            rows = table[offset: offset + n] if at is None else table.index_select(0, at)
+            x = torch.add(rows, x, alpha=self.scale)
         else:
             x = x * self.scale
             if self.learned is not None:
-                x = x + self.learned(torch.arange(offset, offset + n, device=ids.device))
+                x = x + self.learned(torch.arange(offset, offset + n, device=ids.device) if at is None else at)
         return self.dropout(x)
 
     def _lookup(self, ids: Tensor) -> Tensor:
@@ -171,11 +174,11 @@ class Transformer(Hooked, nn.Module):
         """Right-shifted target ids (batch, tgt) + H -> decoder output rows (batch, tgt, d).
 
         With `cache`, tgt_in holds only the newest ids (positions cache.length..); their rows attend to
-        the cached ones (incremental decoding)."""
-        offset = cache.length if cache is not None else 0
-        y = self.tgt_embed(tgt_in, offset=offset)
-        if cache is not None:
-            src_pad = cache.source_padding(src_pad)                          # None when no source row has PAD
+        the cached ones (incremental decoding), and `memory` may be None once the cache holds its K/V."""
+        if cache is None:
+            return self.decoder(self.tgt_embed(tgt_in), memory, src_pad, tgt_pad)
+        y = self.tgt_embed(tgt_in, cache.length, cache.start(tgt_in.size(1), tgt_in.device))
+        src_pad = cache.source_padding(src_pad)                              # None when no source row has PAD
         return self.decoder(y, memory, src_pad, tgt_pad, cache=cache)
 
     def logits(self, hidden: Tensor) -> Tensor:
@@ -208,14 +211,15 @@ class Transformer(Hooked, nn.Module):
         return _label_smoothed_nll(logits, labels[keep], label_smoothing)
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
-        """An empty KV cache for `capacity` target positions (default cfg.max_len; it grows past them)."""
-        return KVCache(capacity or self.cfg.max_len)
+        """An empty KV cache, its buffers first sized for `capacity` target positions (default GROW; they grow)."""
+        return KVCache(capacity)
 
-    def decode_step(self, tokens: Tensor, memory: Tensor, src_pad: Tensor | None, cache: KVCache) -> Tensor:
+    def decode_step(self, tokens: Tensor, memory: Tensor | None, src_pad: Tensor | None, cache: KVCache) -> Tensor:
         """Feed the newest target token(s) (batch, new) through the cache; logits (batch, new, vocab).
 
-        The one incremental decoder: `decode` with the cache. `glassformer.inference.prepare(model)`
-        returns a copy with faster weights and the same method."""
+        The one incremental decoder: `decode` with the cache. It runs as it is, on the copy that
+        `glassformer.inference.prepare(model)` makes (faster weights, the same method), and compiled
+        ahead of time (glassformer.inference.compiler traces this method)."""
         return self.logits(self.decode(tokens, memory, src_pad, cache=cache))
 
 
@@ -249,12 +253,11 @@ class DecoderOnlyModel(Hooked, nn.Module):
         self.logits_hook = HookPoint("logits")
 
     def forward(self, ids: Tensor, cache: KVCache | None = None) -> Tensor:
-        offset = cache.length if cache is not None else 0
-        h = self.decoder(self.embed(ids, offset=offset), cache=cache)
-        return self.logits_hook(self.head(h))                                # (batch, len, vocab)
+        x = self.embed(ids) if cache is None else self.embed(ids, cache.length, cache.start(ids.size(1), ids.device))
+        return self.logits_hook(self.head(self.decoder(x, cache=cache)))    # (batch, len, vocab)
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
-        return KVCache(capacity or self.cfg.max_len)
+        return KVCache(capacity)
 
 
 def build_model(cfg: ModelConfig) -> nn.Module:
