@@ -15,7 +15,7 @@ whole list with `max_batch_size`, which sorts by length inside), at most 2 x sou
 Outputs are target ids, detokenized by the run's target tokenizer for sacreBLEU, and compared with
 glassformer float32's: the report counts the outputs that differ, so no system wins by doing less.
 
-Systems: glassformer float32 / compiled (float32 on the compiled static step, glassformer.inference.static;
+Systems: glassformer float32 / compiled (float32 on the compiled decoding step, glassformer.inference.compiler;
 with --compiled; every row bucket run once before the timed rounds) / compiled-full (the same, a beam search stopped
 by CTranslate2's rule with a length penalty: once K hypotheses are in, stop="full", decoding/search.py) / bfloat16 /
 int8 (glassformer.inference.precision),
@@ -48,7 +48,7 @@ LENGTH_A, LENGTH_B = 2, 10                    # output limit: 2 x source length 
 QUALITY_BLEU = 0.3                            # a precision holds quality within this much BLEU of float32
 BASELINE = "glassformer/float32"
 GLASSFORMER = ("float32", "bfloat16", "int8")
-COMPILED = "glassformer/compiled"             # float32 on the compiled static step (after the precisions)
+COMPILED = "glassformer/compiled"             # float32 on the compiled decoding step (after the precisions)
 COMPILED_RULE = "glassformer/compiled-full"    # the same, a beam search stopped by CTranslate2's rule (stop="full")
 CT2_TYPES = ("float32", "int8", "bfloat16")
 HF_TYPES = ("float32", "bfloat16")
@@ -116,8 +116,8 @@ def rss_mb() -> float:
 # ---- the systems (each in its own worker process) -----------------------------------------------------
 
 class Glassformer:
-    """A glassformer run folder at one precision: float32 on the fast path (eager, or "compiled": the static
-    step's packages, built or loaded and every row bucket run before the first timed call; "compiled-full": the
+    """A glassformer run folder at one precision: float32 on the fast path (eager, or "compiled": the model's
+    step as packages, built or loaded and every row bucket run before the first timed call; "compiled-full": the
     same with stop="full", CTranslate2's rule), bf16/int8 via with_precision."""
 
     def __init__(self, model, dtype: str, threads: int) -> None:
@@ -127,12 +127,14 @@ class Glassformer:
         self.stop = {}                                           # generate's default stopping rule
         if dtype == "compiled-full":                             # CTranslate2's rule (decoding/search.py)
             dtype, self.stop = "compiled", {"stop": "full"}
+        self.compiled = None
         if dtype == "compiled":
-            from glassformer.inference.compiler import use_compile_cache
-            from glassformer.inference.static import StaticDecoder
+            from glassformer.decoding.search import step
+            from glassformer.inference.compiler import CompiledDecoder, cache_folder, use_compile_cache
 
             use_compile_cache()                                  # TORCHINDUCTOR_CACHE_DIR or the user cache
-            self.decoder = StaticDecoder(model, compiled=True)
+            self.decoder = model
+            self.compiled = CompiledDecoder(model, step, cache_folder(), threads=threads)   # beams: built for them
         else:
             self.decoder = _fast(model) if dtype == "float32" else with_precision(model, dtype)
 
@@ -153,7 +155,8 @@ class Glassformer:
             for chunk in sorted_batches([len(s) for s in sources], batch):
                 src = torch.nn.utils.rnn.pad_sequence([torch.tensor(sources[i]) for i in chunk], batch_first=True,
                                                       padding_value=self.pad_id)            # (batch, longest)
-                for i, hyps in zip(chunk, generate(self.decoder, src, search, alpha=ALPHA, **self.stop), strict=True):
+                found = generate(self.decoder, src, search, alpha=ALPHA, compiled=self.compiled, **self.stop)
+                for i, hyps in zip(chunk, found, strict=True):
                     out[i] = hyps[0].tokens
         return out
 
@@ -162,25 +165,21 @@ class Glassformer:
         """Compiled decoder: run every row bucket up to `batch` once (two tokens), so no timed call compiles."""
         import torch
 
-        from glassformer.decoding.search import generate
-        from glassformer.inference.static import SENTENCE_BUCKETS, StaticDecoder
-        if not isinstance(self.decoder, StaticDecoder) or (search.beam, batch) in self.warm or not sources:
+        from glassformer.decoding.search import SENTENCE_BUCKETS, generate
+        if self.compiled is None or (search.beam, batch) in self.warm or not sources:
             return
         self.warm.add((search.beam, batch))
         for n in [b for b in SENTENCE_BUCKETS if b < batch] + [batch]:
             rows = [torch.tensor(sources[i % len(sources)] or [self.pad_id + 1]) for i in range(n)]
             src = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=self.pad_id)
-            generate(self.decoder, src, search, alpha=ALPHA, max_len=2)
+            generate(self.decoder, src, search, alpha=ALPHA, max_len=2, compiled=self.compiled)
 
 
 def _fast(model):
-    """glassformer's eager float32 decoder, as `translate --compile off` runs it: the static step where the model
-    allows it, else the prepared copy (older trees: their own fast decoder)."""
+    """glassformer's eager float32 decoder, as `translate --compile off` runs it: the model's own decode_step
+    on its prepared copy."""
     from glassformer import inference
-    from glassformer.inference import static
-    if hasattr(static, "SourceStep") and static.unsupported(model) is None:
-        return static.StaticDecoder(model)
-    return inference.prepare(model) if hasattr(inference, "prepare") else inference.StepDecoder(model)
+    return inference.prepare(model)
 
 
 class TokenMap:
@@ -518,7 +517,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--hf", help="its transformers export (glassformer export --to transformers)")
     p.add_argument("--quick", action="store_true", help="64 sentences, 16 at batch 1, one round")
     p.add_argument("--compiled", action="store_true",
-                   help="also glassformer float32 on the compiled static step (needs a C++ compiler)")
+                   help="also glassformer float32 on the compiled decoding step (needs a C++ compiler)")
     p.add_argument("--rounds", type=int, help="rounds (default 3; 1 with --quick)")
     p.add_argument("--sentences", type=int, help="use only the first N sentences (default all)")
     p.add_argument("--b1-sentences", type=int, default=256, help="sentences of the batch-1 case (default 256)")
