@@ -25,32 +25,78 @@ EPS = 0.1                       # the sheets' LayerNorm ε: 1e-5 would hide ε-o
 
 
 # ---- drawing numbers --------------------------------------------------------------------------
+# The draws come from SplitMix64 (Steele, Lea & Flood 2014), written out here and, identically, in the lab's
+# engine/exercises.js, so that the page makes the same sheet of a seed as `glassformer exercise new`:
+# 64-bit state = seed mod 2^64; each draw adds 0x9E3779B97F4A7C15 and mixes; an integer in [0, n) is a draw
+# below the largest multiple of n (rejection, no modulo bias) taken mod n; a weighted choice draws an
+# integer below the weights' sum and walks their running total. Numbers are drawn row by row.
 
-def _ints(rng: np.random.Generator, shape, low: int, high: int) -> list[list[float]]:
-    return rng.integers(low, high + 1, size=shape).astype(float).tolist()
+MASK64 = (1 << 64) - 1
 
 
-def _choice(rng: np.random.Generator, shape, values, p=None) -> list[list[float]]:
-    return rng.choice(np.array(values, dtype=float), size=shape, p=p).tolist()
+class SplitMix64:
+    """The sheets' random numbers (also in engine/exercises.js, draw for draw)."""
+
+    def __init__(self, seed: int) -> None:
+        self.state = seed & MASK64
+
+    def next(self) -> int:
+        self.state = (self.state + 0x9E3779B97F4A7C15) & MASK64
+        z = self.state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+        return z ^ (z >> 31)
+
+    def below(self, n: int) -> int:
+        """Uniform in [0, n)."""
+        limit = (1 << 64) - (1 << 64) % n
+        while True:
+            u = self.next()
+            if u < limit:
+                return u % n
 
 
-def draw_attention(rng: np.random.Generator, mask: str) -> dict:
+def _ints(rng: SplitMix64, shape, low: int, high: int) -> list[list[float]]:
+    return [[float(low + rng.below(high - low + 1)) for _ in range(shape[1])] for _ in range(shape[0])]
+
+
+def _choice(rng: SplitMix64, shape, values, weights) -> list[list[float]]:
+    """Each entry one of `values`, with probability weight / sum of the (integer) weights."""
+    total = sum(weights)
+
+    def one() -> float:
+        r = rng.below(total)
+        for value, w in zip(values, weights, strict=True):
+            if r < w:
+                return float(value)
+            r -= w
+        raise AssertionError("unreachable")
+    return [[one() for _ in range(shape[1])] for _ in range(shape[0])]
+
+
+SPARSE = ([0, 1, -1], [2, 1, 1])                                            # 0 half the time, ±1 a quarter
+HALVES = ([0, 0.5, -0.5, 1, -1], [4, 2, 2, 1, 1])
+
+
+def draw_attention(rng: SplitMix64, mask: str) -> dict:
     """Three queries, three keys/values, d_k = d_v = 2, small integers (the lesson's 2×3, one key more
     so that KQᵀ has the shape of QKᵀ)."""
     return {"version": 1, "kind": "attention", "q": _ints(rng, (3, 2), -2, 2), "k": _ints(rng, (3, 2), -2, 2),
             "v": _ints(rng, (3, 2), -3, 3), "scale": True, "mask": mask}
 
 
-def draw_block(rng: np.random.Generator, norm: str, mask: str, eps: float) -> dict:
-    """The lesson's BLOCK shape: 3 rows, d = 4, two heads with d_k = d_v = 2, d_ff = 6; integers and halves."""
-    sparse = [0.5, 0.25, 0.25]                                              # 0, 1, -1
-    heads = [{"w_q": _choice(rng, (4, 2), [0, 1, -1], sparse), "w_k": _choice(rng, (4, 2), [0, 1, -1], sparse),
-              "w_v": _choice(rng, (4, 2), [0, 1, -1], sparse)} for _ in range(2)]
-    return {"version": 1, "kind": "encoder_block", "x": _ints(rng, (3, 4), -2, 2),
-            "self_attention": {"heads": heads, "w_o": _choice(rng, (4, 4), [0, 1, -1], sparse)},
-            "ffn": {"w_1": _choice(rng, (4, 6), [0, 1, -1], sparse),
-                    "w_2": _choice(rng, (6, 4), [0, 0.5, -0.5, 1, -1], [0.4, 0.2, 0.2, 0.1, 0.1]),
-                    "activation": "relu"},
+def draw_block(rng: SplitMix64, norm: str, mask: str, eps: float) -> dict:
+    """The lesson's BLOCK shape: 3 rows, d = 4, two heads with d_k = d_v = 2, d_ff = 6; integers and halves.
+    Drawn in this order: the heads (W^Q, W^K, W^V of head 1, then head 2), X, W^O, W_1, W_2."""
+    heads = [{"w_q": _choice(rng, (4, 2), *SPARSE), "w_k": _choice(rng, (4, 2), *SPARSE),
+              "w_v": _choice(rng, (4, 2), *SPARSE)} for _ in range(2)]
+    x = _ints(rng, (3, 4), -2, 2)
+    w_o = _choice(rng, (4, 4), *SPARSE)
+    w_1 = _choice(rng, (4, 6), *SPARSE)
+    w_2 = _choice(rng, (6, 4), *HALVES)
+    return {"version": 1, "kind": "encoder_block", "x": x,
+            "self_attention": {"heads": heads, "w_o": w_o},
+            "ffn": {"w_1": w_1, "w_2": w_2, "activation": "relu"},
             "norm": norm, "eps": eps, "scale": True, "mask": mask}
 
 
@@ -126,7 +172,7 @@ def new_sheet(kind: str, seed: int, *, norm: str = "post", mask: str | None = No
     if not 0 <= decimals <= limits.MAX_SHEET_DECIMALS:
         raise UsageError(f"--decimals: expected 0..{limits.MAX_SHEET_DECIMALS}, got {decimals}")
     mask = mask or ("causal" if kind == "attention" else "none")
-    rng = np.random.default_rng(seed)
+    rng = SplitMix64(seed)
     last: list[str] = []
     for draw in range(1, MAX_DRAWS + 1):
         doc = draw_attention(rng, mask) if kind == "attention" else draw_block(rng, norm, mask, eps)
