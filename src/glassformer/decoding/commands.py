@@ -65,6 +65,7 @@ def _translator(args):
     translator.stop = getattr(args, "stop", translator.stop)
     if translator.compile != "off":
         translator.compile_cache = _compile_cache(getattr(args, "compile_cache", None))
+        warnings.filterwarnings("ignore", category=FutureWarning)            # torch's own, while tracing
     return translator, DEFAULT_ALPHA if args.alpha is None else args.alpha
 
 

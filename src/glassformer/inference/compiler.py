@@ -95,7 +95,7 @@ def unsupported(model) -> str | None:
         return f"{model.cfg.positions} positions"
     if model.cfg.max_len > MAX_LEN:
         return f"max_len {model.cfg.max_len} over {MAX_LEN}"
-    if model.head.weight.dtype != torch.float32 or getattr(model, "precision", "float32") != "float32":
+    if getattr(model, "precision", "float32") != "float32" or model.head.weight.dtype != torch.float32:
         return "weights not in float32"
     return None
 
