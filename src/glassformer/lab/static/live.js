@@ -5,6 +5,7 @@
 // Everything runs in float64 on the page's own thread; long work (patching) yields between runs.
 import { loadBundle, Transformer, generate, nextDistribution, patchingScan, logitLens, altiPlus, runTrace } from "./engine/index.js";
 import { loadTokenizers } from "./engine/tokenize.js";
+import { newExerciseSheet, exerciseKey, runExerciseWithBug, checkExercise, parseExerciseTable, exerciseBug, exerciseNotCovered } from "./engine/exercises.js";
 
 const EMBED = window.LAB_EMBED || null;             // the exported page's precomputed data (app.js reads it too)
 
@@ -324,6 +325,9 @@ window.LAB_LIVE = {
   explain: withSession(explainLive),
   trace: async (doc) => runTrace(doc),
   checkSource: withSession(async (S, text, field) => checkSource(S, text, field)),
+  // the Exercise view: sheets, keys and checks in the page (no model needed, so not behind `ready`)
+  exercises: { newSheet: newExerciseSheet, key: exerciseKey, runWith: runExerciseWithBug, check: checkExercise,
+    parseTable: parseExerciseTable, bug: exerciseBug, notCovered: exerciseNotCovered },
 };
 
 ready.then(() => { document.body.dataset.liveReady = "1"; }, (err) => {

@@ -14,6 +14,7 @@
 //   exerciseKey(sheet)                       -> {path: table} every cell of the lesson's computation
 //   parseExerciseAnswers(doc, sheet)         -> {path: table} the filled cells of a trace-output document
 //   checkExercise(sheet, own)                -> {verdict, bugs, cells: [{path, verdict, bug, off}]}
+//   runExerciseWithBug(sheet, id)            -> {path: table} as a student with that bug computes
 //   EXERCISE_BUGS                            the library: [{id, readings, claim, en, zh, source, needs}]
 
 const EX_MASK64 = (1n << 64n) - 1n;
@@ -326,6 +327,13 @@ export function runExercise(sheet, sw, own) {
 }
 
 export function exerciseKey(sheet) { return runExercise(sheet, EX_RIGHT); }
+
+/** Every cell as a student with bug `id` computes it (its first reading), from the sheet's inputs. */
+export function runExerciseWithBug(sheet, id) {
+  const bug = EX_BY_ID.get(id);
+  if (!bug) throw new ExerciseError(`bug: no bug ${JSON.stringify(id)} in the library`, "bug");
+  return runExercise(sheet, bug.readings[0]);
+}
 
 // ---- sheets: the spec a computation reads ---------------------------------------------------------
 
