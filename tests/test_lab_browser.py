@@ -496,3 +496,52 @@ def test_the_default_models_file_meets_its_budgets(browser, default_shaped_expor
         assert p.outside == [] and p.errors == []
     finally:
         p.close()
+
+
+def test_the_exercise_view_in_the_exported_file_names_a_planted_mistake(browser, lab_server, tmp_path):
+    """The Exercise view from file://: the sheet of a seed is Python's, a hand-in typed with a planted bug
+    (the loop implementation of tests/test_exercises.py) gets that bug named beside the cell with its sentence."""
+    from glassformer.lesson.exercises.bugs import BY_ID
+    from glassformer.lesson.exercises.generate import new_sheet
+    from test_exercises import answers, plant
+
+    out = _exported(lab_server.api, tmp_path)
+    p = OfflinePage(browser, locale="en-US")
+    try:
+        p.page.goto(out.as_uri() + "#exercise")
+        p.page.wait_for_function("() => document.body.dataset.exerciseSeed === 'attention|post|1'", timeout=20000)
+        p.page.fill("#exercise-seed", "3")
+        p.page.click("#exercise-new")
+        p.page.wait_for_function("() => document.body.dataset.exerciseSeed === 'attention|post|3'", timeout=20000)
+        sheet = new_sheet("attention", 3)
+        assert p.page.evaluate("() => window.LAB.S.exercise.sheet.doc") == sheet.doc
+        typed = answers(plant(sheet, "mask-after-softmax"), sheet.asked)
+        for path in sheet.asked:
+            for i, row in enumerate(typed[path]):
+                for j, v in enumerate(row):
+                    if v is not None:
+                        p.page.fill(f'[data-cell="{path}"] input[data-i="{i}"][data-j="{j}"]', str(v))
+        p.page.click("#exercise-check")
+        p.page.wait_for_selector("#exercise-summary")
+        assert p.page.get_attribute("#exercise-summary", "data-bugs") == "mask-after-softmax"
+        weights = p.page.locator('[data-path="weights"] .verdict')
+        assert weights.get_attribute("data-verdict") == "wrong" and weights.get_attribute("data-bug") == \
+            "mask-after-softmax"
+        assert BY_ID["mask-after-softmax"].en in weights.inner_text()
+        assert p.page.locator('[data-path="scores"] .verdict').get_attribute("data-verdict") == "right"
+        # the BLOCK, pre-norm, filled in by the view as a student with reversed heads would, then in Chinese
+        p.page.select_option("#exercise-kind", "block")
+        p.page.select_option("#exercise-norm", "pre")
+        p.page.wait_for_function("() => document.body.dataset.exerciseSeed === 'block|pre|3'", timeout=20000)
+        assert p.page.evaluate("() => window.LAB.S.exercise.sheet.doc") == new_sheet("block", 3, norm="pre").doc
+        p.page.select_option("#exercise-plant", "heads-concat-reversed")
+        p.page.click("#exercise-fill-bug")
+        p.page.wait_for_function("() => document.querySelector('#exercise-summary')?.dataset.bugs === "
+                                 "'heads-concat-reversed'", timeout=20000)
+        p.page.click("#lang")
+        concat = p.page.locator('[data-path="self_attention.concat"] .verdict')
+        assert BY_ID["heads-concat-reversed"].zh in concat.inner_text()
+        p.shot("export-exercise")
+        assert p.outside == [] and p.errors == []
+    finally:
+        p.close()
