@@ -145,10 +145,9 @@ def _traced_name(model) -> str:
     """The package name of `model`'s source side: traced, not built."""
     decoder = CompiledDecoder(model, step, Path("/nonexistent"), threads=1)
     src = sources(batch=2)
-    example = compiler._example((src, src == 0, torch.tensor([0, 1])), 0)
+    example, dynamic = compiler._shapes((src, src == 0, torch.tensor([0, 1])), 0, model.cfg.max_len)
     with torch.no_grad():
-        program = torch.export.export(compiler.Source(decoder.fast), example,
-                                      dynamic_shapes=compiler._dynamic(example, 0, model.cfg.max_len))
+        program = torch.export.export(compiler.Source(decoder.fast), example, dynamic_shapes=dynamic)
     return compiler.package_name(program, 1)
 
 
@@ -169,6 +168,14 @@ def test_a_comment_edit_or_a_moved_file_keeps_the_name_and_a_weight_change_does_
                                                                               fromlist=["x"])) | space, space)
     for layer in model.encoder.layers:
         layer.ffn.forward = space["forward"].__get__(layer.ffn)
+    assert _traced_name(model) == name
+    space = {}
+    exec(compile(source.replace("self.activation(", "torch.sigmoid("), "layers.py", "exec"),
+         vars(__import__("glassformer.model.layers", fromlist=["x"])) | {"torch": torch}, space)
+    model.encoder.layers[0].ffn.forward = space["forward"].__get__(model.encoder.layers[0].ffn)
+    assert _traced_name(model) != name                                       # another computation
+    model.encoder.layers[0].ffn.forward = model.encoder.layers[1].ffn.forward.__func__.__get__(
+        model.encoder.layers[0].ffn)
     assert _traced_name(model) == name
     with torch.no_grad():
         model.encoder.layers[0].ffn.w_1.bias[0] += 1e-3

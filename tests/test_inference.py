@@ -256,3 +256,26 @@ def test_encoder_on_prepared_weights_equals_the_model_encoder(norm):
     src = source()
     with torch.no_grad():
         torch.testing.assert_close(prepare(m).encode(src), m.encode(src), atol=1e-5, rtol=1e-5)
+
+
+def test_one_decoder_the_models_own():
+    """Nothing outside model/ computes attention, LayerNorm, softmax, the FFN or the residual; one KV cache
+    class; no thread count, warnings filter or environment write in the decoding and speed layers (the
+    command's start sets them: decoding/commands.py; inductor's folder: compiler.use_compile_cache)."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "src" / "glassformer"
+    files = {p: p.read_text() for folder in ("inference", "decoding") for p in (root / folder).glob("*.py")}
+    model_ops = re.compile(r"softmax\(|layer_norm\(|LayerNorm\(|scaled_dot_product_attention\(|\.relu\(|silu\(|"
+                           r"sqrt\(|masked_fill\(|def _residual|def _attend|@ *k\.transpose")
+    assert {p.name: model_ops.findall(t) for p, t in files.items() if model_ops.search(t)} == {}
+    caches = [m for t in [*files.values(), *(p.read_text() for p in (root / "model").glob("*.py"))]
+              for m in re.findall(r"class (\w*Cache\w*)", t)]
+    assert caches == ["KVCache"]
+    switches = re.compile(r"set_num_threads\(|warnings\.(filterwarnings|simplefilter|catch_warnings)|os\.environ\[")
+    found = {p.name for p, t in files.items() if switches.search(t.replace('os.environ["CXX"]', ""))}
+    assert found == {"commands.py", "compiler.py", "threads.py"}                # entry points' helpers only
+    assert [line.strip() for line in files[root / "inference" / "compiler.py"].splitlines()
+            if switches.search(line) and "CXX" not in line] == ["os.environ[CACHE_ENV] = str(path)"]
+    assert sum(len(t.splitlines()) for p, t in files.items() if p.parent.name == "inference") <= 700

@@ -10,12 +10,12 @@ import torch
 from torch import nn
 
 from glassformer.data.tokenize import BOS
+from glassformer.decoding.commands import add_dtype_argument
 from glassformer.decoding.search import beam_search, greedy
 from glassformer.errors import UsageError
 from glassformer.inference import precision
 from glassformer.inference.precision import (
     CpuSupport,
-    add_dtype_argument,
     cpu_flags,
     precision_note,
     precision_of,

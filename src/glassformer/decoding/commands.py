@@ -31,19 +31,26 @@ def _add_decoding(parser: argparse.ArgumentParser, beam: int = 1) -> None:
     parser.add_argument("--max-length", type=positive, metavar="N",
                         help="most tokens generated per sentence, EOS included (default 2 x source length + 10; "
                              "at most the model's max_len)")
-    from ..inference.precision import add_dtype_argument
-
     add_dtype_argument(parser)                                               # --dtype float32|bfloat16|int8
     from ..inference.compiler import AUTO_MIN_SENTENCES
 
     parser.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                         help="run the float32 decoding step compiled ahead of time (needs a C++ compiler; built "
                              "once per model and beam size, about a minute, then loaded from the cache): auto "
-                             f"(default) = for jobs over {AUTO_MIN_SENTENCES} sentences when a compiler is found; "
-                             "off = eager; the same tokens")
+                             f"(default) = when a compiler is found and the step is built, or for jobs over "
+                             f"{AUTO_MIN_SENTENCES} sentences; off = eager; the same tokens")
     parser.add_argument("--compile-cache", metavar="DIR",
                         help="where compiled decoding steps are kept (default $TORCHINDUCTOR_CACHE_DIR, else "
                              "~/.cache/glassformer/inductor)")
+
+
+def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    """The `--dtype` option of translate / evaluate (read it with `with_precision(model, args.dtype)`)."""
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "int8"), default="float32",
+                        help="precision of the decoding products: float32 (default, the reference), bfloat16 "
+                             "(bf16 products, fp32 LayerNorm/softmax) or int8 (int8 weights per output channel, "
+                             "dynamically quantised activations); fast only where the CPU has AVX-512-BF16/AMX "
+                             "or VNNI (docs/precision.md)")
 
 
 def _translator(args):

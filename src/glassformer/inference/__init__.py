@@ -4,15 +4,13 @@
     generate(fast, src, Greedy())                  # decoding/search.py: the model's decode_step, eagerly
     generate(model, src, Greedy(), compiled=CompiledDecoder(model, step, folder))   # compiled ahead of time
 
-`model/` stays the reference: tests hold the prepared copy's and the compiled step's tokens identical and
-their logits equal to float rounding (tests/test_inference.py, tests/test_compiled.py). The thread policy
-(threads.py) is decided once per entry point by the CLI, the lab, training and the benchmarks; nothing
-here changes it, nor any other process-wide setting.
+`model/` stays the reference: tests hold the prepared copy's and the compiled step's tokens identical
+(tests/test_inference.py, tests/test_compiled.py). Threads (threads.py) and inductor's cache folder
+(compiler.use_compile_cache) are set by the entry points (CLI, lab, training, benchmarks), never in here.
 """
 
-from .prepare import prepare
+from .prepare import ONEDNN, PreparedLinear, prepare
 from .threads import SERIAL_MAX_ROWS, decoding_threads, serving_threads, training_threads, use_threads
-from .weights import ONEDNN, PreparedLinear
 
 __all__ = ["prepare", "SERIAL_MAX_ROWS", "decoding_threads", "serving_threads", "training_threads",
            "use_threads", "ONEDNN", "PreparedLinear"]

@@ -2,22 +2,18 @@
 the build, the package's name and the folder packages are kept in.
 
     decoder = CompiledDecoder(model, step, cache_folder(None), notes=print)   # step: decoding/search.py's
-    generate(prepare(model), src, BeamSearch(4), compiled=decoder)
+    generate(model, src, BeamSearch(4), compiled=decoder)
 
-Two parts are traced by `torch.export` with every size symbolic (rows, target and source positions, the
-output limit) and built by AOTInductor into a package each (generated C++ compiled by the system's compiler,
-the weights inside): `Source`, the model's encoder and each layer's cross-attention `project_kv`, once per
-batch; and `Step`, decoding/search.py's `step` (the model's own `decode_step` over a KVCache made of the
-step's inputs, then the search's `advance`, then the beams' rows) for one beam size. The traced model is
-`prepare(model, onednn=False)` (its products in the W^T layout, hook points inert). One package serves every
+`torch.export` traces two parts with every size symbolic, AOTInductor builds each into a package (C++ built
+by the system's compiler, the weights inside): `Source`, the model's encoder and each layer's cross-attention
+`project_kv`, once per batch; `Step`, decoding/search.py's `step` (the model's own `decode_step` over a
+KVCache made of the step's inputs, the search's `advance`, the beams' rows), per beam size. What is traced
+is `prepare(model, onednn=False)` (products in the W^T layout, hook points inert). One package serves every
 batch, sentence length and step; the run grows the cache's buffers between steps.
 
-A package is named by what it computes: a hash of the exported graph (its operations, not the source text or
-its path: a comment edit or a moved checkout finds the same package), the weights, the threads its loops are
-generated for, torch's version and the CPU's instruction set. A build writes a temporary file and renames it
-(a failed or interrupted build leaves nothing); a package that fails to build or to load is one note, then
-that part runs eagerly: the same function, the same tokens. Loaded packages run through the C++ loader that
-`torch._inductor.aoti_load_package` builds (no inductor import on a cached start), with one list of tensors.
+A package is named by what it computes: a hash of the exported graph (operations, not source text or
+paths), the weights, the threads its loops are made for, torch and the CPU. A build writes a temporary
+file and renames it; a package that fails to build or to load is one note, then that part runs eagerly.
 """
 
 from __future__ import annotations
@@ -89,14 +85,11 @@ def use_compile_cache(folder: str | os.PathLike | None = None) -> Path:
 
 def unsupported(model) -> str | None:
     """Why the compiled step does not run `model` (None when it does)."""
-    if not isinstance(model, Transformer):
-        return "not an encoder-decoder Transformer"
-    if model.cfg.positions not in ("sinusoidal", "learned", "none"):
-        return f"{model.cfg.positions} positions"
-    if model.cfg.max_len > MAX_LEN:
-        return f"max_len {model.cfg.max_len} over {MAX_LEN}"
-    if getattr(model, "precision", "float32") != "float32" or model.head.weight.dtype != torch.float32:
-        return "weights not in float32"
+    if not isinstance(model, Transformer) or getattr(model, "precision", "float32") != "float32" \
+            or model.head.weight.dtype != torch.float32:
+        return "not a float32 encoder-decoder Transformer"
+    if model.cfg.positions not in ("sinusoidal", "learned", "none") or model.cfg.max_len > MAX_LEN:
+        return f"{model.cfg.positions} positions, max_len {model.cfg.max_len} (at most {MAX_LEN})"
     return None
 
 
@@ -115,9 +108,8 @@ class Source(nn.Module):
 
 
 class Step(nn.Module):
-    """decoding/search.py's `step` over tensors: the fields of its `Slots`, `pos` (0-dim) the position of the
-    tokens, alpha, src_pad (rows, src) and the cache's buffers -> the fields of an `Advance`, then the
-    self-attention K and V buffers the next step reads (with beams, new ones whose rows follow the beams)."""
+    """decoding/search.py's `step` over tensors: the `Slots`, `pos` (0-dim) the tokens' position, alpha, src_pad
+    (rows, src) and the cache's buffers -> the `Advance`, then the self-attention K, V buffers (beams: new ones)."""
 
     def __init__(self, model: Transformer, step: Callable, search) -> None:
         super().__init__()
@@ -136,11 +128,10 @@ class Step(nn.Module):
 
 
 class CompiledDecoder:
-    """The packages of one model: Source, and Step per beam size over `step` (decoding/search.py's: inference
-    sits below decoding), each built or loaded on first use (or, after a note, run eagerly). `threads`: what
-    a beam step's loops are generated for, one build per count (a greedy step's: one). Measured: a beam-4
-    step of 32 sentences built for 2 threads took 0.78x the time of one built for 1; a greedy step built for
-    2 was slower at batch 1, 671 against 573 us (docs/performance.md)."""
+    """One model's packages: Source, and Step over `step` (decoding/search.py's) per beam size, built or loaded
+    on first use (else, after a note, run eagerly). `threads`: a beam step's loops are made for them, a build per
+    count (measured: built for 2, a beam-4 step of 32 sentences took 0.78x the time of one built for 1; a greedy
+    step built for 2 was slower at batch 1, 671 against 573 us: greedy is built for one; docs/performance.md)."""
 
     def __init__(self, model: Transformer, step: Callable, folder: Path, notes: Callable[[str], None] | None = None,
                  threads: int | None = None) -> None:
@@ -195,9 +186,8 @@ class CompiledDecoder:
         try:
             path = self._found(kind, search)
             if path is None:
-                example = _example(inputs, beam)
+                example, dynamic = _shapes(inputs, beam, self.model.cfg.max_len)
                 with torch.no_grad():
-                    dynamic = _dynamic(example, beam, self.model.cfg.max_len)
                     program = torch.export.export(module, example, dynamic_shapes=dynamic)
                 path = self.folder / PACKAGES / f"{kind}-{package_name(program, threads)}.pt2"
                 if not path.exists():
@@ -207,7 +197,7 @@ class CompiledDecoder:
                         program, package_path=str(partial), inductor_configs={"cpp.threads": threads}))
                     self.notes(f"--compile: built in {time.perf_counter() - began:.1f} s")
                 _written(self._note(kind, search), lambda partial: partial.write_text(path.name))
-            self.paths[kind], self.parts[kind] = path, Package(path)
+            self.paths[kind], self.parts[kind] = path, _load(path)
         except Exception as error:                                           # no working toolchain, a bad package
             first = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
             self.notes(f"compiling {what} failed ({type(error).__name__}: {first}); decoding eagerly")
@@ -217,19 +207,14 @@ class CompiledDecoder:
     def _found(self, kind: str, search) -> Path | None:
         """The package a trace of the same recipe named before, when it is still there."""
         note = self._note(kind, search)
-        path = note.parent / note.read_text().strip() if note.exists() else None
-        return path if path is not None and path.exists() else None
+        path = note.parent / note.read_text().strip() if note.exists() else note
+        return path if path.suffix == ".pt2" and path.exists() else None
 
     def _note(self, kind: str, search) -> Path:
-        """Where the recipe of `kind` names its package. A recipe is a hash of what goes into a trace: the
-        weights, the source bytes of the code traced (not their paths), the strategy and the build's facts;
-        a shortcut only: a comment edit misses it, then the trace names the same package."""
+        """Where the recipe of `kind` names its package: a hash of what goes into a trace (the weights, the code's
+        bytes, not paths, the strategy, the build). A shortcut: a comment edit misses it, a trace finds the package."""
         if self._weights is None:
-            h = hashlib.sha256()
-            for name, t in self.model.state_dict().items():
-                h.update(f"{name} {tuple(t.shape)} {t.dtype}".encode())
-                h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-            self._weights = h.hexdigest()
+            self._weights = _tensors(hashlib.sha256(), self.model.state_dict()).hexdigest()
         threads = self.threads if search is not None and search.beam > 1 else 1
         root = Path(__file__).resolve().parents[1]
         h = hashlib.sha256(json.dumps([self._weights, repr(self.model.cfg), _machine(threads),
@@ -240,8 +225,7 @@ class CompiledDecoder:
 
 
 def _written(path: Path, write: Callable[[Path], object]) -> None:
-    """`write(partial)` to a temporary name beside `path`, then renamed: whole or absent, never half-written
-    (a failed or interrupted write leaves nothing)."""
+    """`write(partial)` to a temporary name, then renamed: a failed or interrupted write leaves nothing."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.stem}.{os.getpid()}.partial{path.suffix}")
     try:
@@ -262,61 +246,50 @@ def package_name(program: torch.export.ExportedProgram, threads: int) -> str:
     h = hashlib.sha256(json.dumps(_machine(threads)).encode())
     h.update(str(program.graph).encode())
     h.update(str(sorted((str(k), str(v)) for k, v in program.range_constraints.items())).encode())
-    for name, t in sorted({**program.state_dict, **program.constants}.items()):
-        if isinstance(t, Tensor):
-            h.update(f"{name} {tuple(t.shape)} {t.dtype}".encode())
-            h.update(t.detach().contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:24]
+    return _tensors(h, {**program.state_dict, **program.constants}).hexdigest()[:24]
 
 
-class Package:
-    """A loaded package called like the module it was built from (tensors and lists of tensors in, a flat
-    tuple out). Its runner takes one list of tensors: the package's own __call__ flattens and rebuilds with
-    torch's generic tree code at every call, a fifth of a batch-1 step."""
-
-    def __init__(self, path: Path) -> None:
-        loader = getattr(getattr(torch._C, "_aoti", None), "AOTIModelPackageLoader", None)
-        if loader is not None:                           # what aoti_load_package builds, without importing
-            self.runner = loader(str(path), "model", False, 1, -1)   # inductor (1.5 s of a cached start)
-        else:
-            self.runner = torch._inductor.aoti_load_package(str(path)).loader
-
-    def __call__(self, *inputs) -> tuple:
-        flat = [t for x in inputs for t in (x if isinstance(x, (list, tuple)) else (x,))]
-        return tuple(self.runner.boxed_run(flat))
+def _tensors(h, named: dict):
+    """`h` updated with each tensor's name, shape, dtype and bytes."""
+    for name, t in sorted((n, t) for n, t in named.items() if isinstance(t, Tensor)):
+        h.update(f"{name} {tuple(t.shape)} {t.dtype}".encode())
+        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h
 
 
-def _example(inputs: tuple, beam: int) -> tuple:
-    """Inputs like `inputs` with every dynamic size 2 or 3 (2 sentences, 3 positions): above 1, so tracing
-    keeps each size symbolic."""
-    def sized(t: Tensor, **dims: int) -> Tensor:
-        shape = list(t.shape)
-        for dim, size in dims.items():
-            shape[int(dim[1:])] = size
-        return t.new_zeros(shape)
-    if beam == 0:
-        src, src_pad, _ = inputs
-        return sized(src, d0=2, d1=3) + 5, sized(src_pad, d0=2, d1=3), torch.tensor([0, 1, 1])
-    tokens, scores, limits, live, worst, history, pos, alpha, src_pad, *buffers = inputs
-    rows, slot = {"d0": 2 * beam}, {"d0": 2}
-    slots = (sized(tokens, **rows), sized(scores, **slot), sized(limits, **slot) + 3, sized(live, **slot),
-             sized(worst, **slot), sized(history, **rows, d1=3))
-    return (*slots, pos, alpha, sized(src_pad, **rows, d1=3), *[[sized(t, **rows, d2=3) for t in ts] for ts in buffers])
+def _load(path: Path) -> Callable:
+    """A package as a function of tensors and lists of tensors -> a flat tuple: the C++ loader aoti_load_package
+    builds (no inductor import: 1.5 s), one flat list a call (its own __call__ cost a fifth of a batch-1 step)."""
+    runner = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+    return lambda *inputs: tuple(runner.boxed_run([t for x in inputs for t in (x if isinstance(x, list) else (x,))]))
 
 
-def _dynamic(example: tuple, beam: int, max_len: int) -> tuple:
-    """torch.export's symbolic sizes of Source's inputs (beam 0) or Step's: sentence slots, rows (slots x beam),
-    source positions, self-attention positions, the history's width."""
+def _shapes(inputs: tuple, beam: int, max_len: int) -> tuple[tuple, tuple]:
+    """Inputs like `inputs` (Source's for beam 0, else Step's) with every symbolic size 2 or 3 (above 1: tracing
+    keeps it symbolic), and those sizes for torch.export: sentences or slots, rows (slots x beam), source
+    positions, the output limit (the history's width), self-attention positions."""
     Dim = torch.export.Dim
-    source = Dim("source", min=1, max=max_len)
+    source = (3, Dim("source", min=1, max=max_len))
     if beam == 0:
-        sentences, rows = Dim("sentences", min=1, max=MAX_ROWS), Dim("rows", min=1, max=MAX_ROWS)
-        return {0: sentences, 1: source}, {0: sentences, 1: source}, {0: rows}
-    slots = Dim("slots", min=1, max=MAX_ROWS // beam)
-    rows = slots if beam == 1 else beam * slots
-    positions, limit = Dim("positions", min=1, max=max_len + GROW), Dim("limit", min=1, max=max_len)
-    *_, self_k, self_v, cross_k, cross_v = example
-    state = ({0: rows}, {0: slots}, {0: slots}, {0: slots}, {0: slots}, {0: rows, 1: limit})
-    return (*state, None, None, {0: rows, 1: source}, [{0: rows, 2: positions}] * len(self_k),
-            [{0: rows, 2: positions}] * len(self_v), [{0: rows, 2: source}] * len(cross_k),
-            [{0: rows, 2: source}] * len(cross_v))
+        sentences = (2, Dim("sentences", min=1, max=MAX_ROWS))
+        specs = [{0: sentences, 1: source}] * 2 + [{0: (3, Dim("rows", min=1, max=MAX_ROWS))}]
+    else:
+        slots = Dim("slots", min=1, max=MAX_ROWS // beam)
+        slot, rows = (2, slots), (2 * beam, slots if beam == 1 else beam * slots)
+        positions = (3, Dim("positions", min=1, max=max_len + GROW))
+        specs = [{0: rows}, *[{0: slot}] * 4, {0: rows, 1: (3, Dim("limit", min=1, max=max_len))}, {}, {},
+                 {0: rows, 1: source}, *[{0: rows, 2: positions}] * 2, *[{0: rows, 2: source}] * 2]
+
+    def like(t, spec: dict):
+        if isinstance(t, list):
+            return [like(x, spec) for x in t]
+        return t.new_zeros([spec[d][0] if d in spec else n for d, n in enumerate(t.shape)]) if spec else t
+
+    def dims(t, spec: dict):
+        return [dims(x, spec) for x in t] if isinstance(t, list) else {d: s[1] for d, s in spec.items()} or None
+    example = [like(t, spec) for t, spec in zip(inputs, specs, strict=True)]
+    if beam == 0:
+        example[0], example[2] = example[0] + 5, torch.tensor([0, 1, 1])   # ids; the rows' sentences
+    else:
+        example[2] = example[2] + 3                                          # output limits
+    return tuple(example), tuple(dims(t, spec) for t, spec in zip(inputs, specs, strict=True))

@@ -14,14 +14,12 @@
   when torchao is installed, else `torch.ao.quantization.quantize_dynamic` with per-channel weights
   (deprecated by PyTorch in favour of torchao; used only where torch still has it).
 
-The lesson's glass box (the lab, `explain`, probes) keeps using the float32 model. Whether a precision
-pays depends on the CPU's instructions: `cpu_precision_support()` reads them and `precision_note(dtype)`
-says in one line when the chosen precision is likely to be slower than float32 here.
+The glass box (the lab, `explain`, probes) keeps the float32 model. `cpu_precision_support()` reads the CPU's
+instructions, `precision_note(dtype)` says in one line when a precision is likely slower than float32 here.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import functools
 import sys
@@ -196,12 +194,3 @@ def _note_once(dtype: str) -> None:
     line = precision_note(dtype)
     if line:
         print(line, file=sys.stderr)
-
-
-def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
-    """The `--dtype` option of translate / evaluate (read it with `with_precision(model, args.dtype)`)."""
-    parser.add_argument("--dtype", choices=DTYPES, default="float32",
-                        help="precision of the decoding products: float32 (default, the reference), bfloat16 "
-                             "(bf16 products, fp32 LayerNorm/softmax) or int8 (int8 weights per output channel, "
-                             "dynamically quantised activations); fast only where the CPU has AVX-512-BF16/AMX "
-                             "or VNNI (docs/precision.md)")

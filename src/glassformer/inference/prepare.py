@@ -1,17 +1,20 @@
 """prepare(model): the same model for decoding, its projections multiplying with prepared weights.
 
     fast = prepare(model)                             # a copy: the model itself is untouched
-    memory = fast.encode(src, src_pad)
-    cache = fast.new_cache()
-    logits = fast.decode_step(tokens, memory, src_pad, cache)    # the model's own decoder and KV cache
+    logits = fast.decode_step(tokens, fast.encode(src, src_pad), src_pad, fast.new_cache())   # the model's own
 
 The copy keeps the model's classes and forwards; some children are replaced by others that compute the
-same: every nn.Linear by a `PreparedLinear` (W laid out once, weights.py), each self-attention by a
-`FusedSelfAttention` whose Q, K, V come from one product [W^Q | W^K | W^V], every hook point and every
-dropout (identity in eval) by an inert identity (nothing fires; to observe or intervene, run the model
-itself), and attention runs on SDPA. Translation runs it eagerly; `prepare(model, onednn=False)` is what
-the compiled step traces (compiler.py). Tests hold its tokens identical and its logits equal to the
-model's to float rounding (tests/test_inference.py).
+same: every nn.Linear by a `PreparedLinear`, each self-attention by a `FusedSelfAttention` whose Q, K, V
+come from one product [W^Q | W^K | W^V], every hook point and dropout (identity in eval) by an inert identity
+(nothing fires; to observe or intervene, run the model itself), and attention runs on SDPA. Translation runs
+it eagerly; `prepare(model, onednn=False)` is what the compiled step traces (compiler.py). Tests hold its
+tokens identical and its logits equal to the model's to float rounding (tests/test_inference.py).
+
+`PreparedLinear`: a step multiplies a handful of rows, so each product streams all of W; a wide W (out >= in:
+W^Q|W^K|W^V, W_1, the head) streams about twice as fast from a contiguous W^T (in, out). From PACKED_MIN_ROWS
+rows on, oneDNN's pre-blocked copy of W is faster still (MKL would re-block W on every call); it has no public
+eager API, so the private ops run only where `ONEDNN` finds them (tests hold both routes equal). The copies
+are made once, from the weights at that moment: prepare again after training changes them.
 """
 
 from __future__ import annotations
@@ -24,7 +27,53 @@ from torch import Tensor, nn
 
 from ..model.attention import MultiHeadAttention, SelfAttention
 from ..model.hooks import HookPoint
-from .weights import ONEDNN, PreparedLinear
+
+PACKED_MIN_ROWS = 4            # from 4 rows on the blocked copy wins for every shape measured
+PACK_BATCH_HINT = 32           # the row count oneDNN blocks W for
+
+
+def _onednn_available() -> bool:
+    ops = getattr(torch.ops, "mkldnn", None)
+    try:
+        return (torch.backends.mkldnn.is_available() and ops is not None
+                and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise"))
+    except (AttributeError, RuntimeError):
+        return False
+
+
+ONEDNN = _onednn_available()
+
+
+class PreparedLinear(nn.Module):
+    """Stands in for an nn.Linear: x W^T + b for x (..., in) -> (..., out), with W laid out once for inference.
+
+    Called straight through `forward` (no nn.Module hook dispatch: it is a leaf of a decoding copy)."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None = None, onednn: bool = ONEDNN) -> None:
+        super().__init__()
+        with torch.inference_mode(False), torch.no_grad():                   # plain tensors, usable anywhere
+            self.w = weight.detach().contiguous()                            # (out, in)
+            self.b = None if bias is None else bias.detach().contiguous()    # (out,)
+            self.out_features = self.w.size(0)
+            wide = self.w.size(0) >= self.w.size(1) and self.w.device.type == "cpu"
+            self.wt = self.w.t().contiguous() if wide else None              # (in, out) or None
+            self.packed = None
+            if onednn and self.w.device.type == "cpu" and self.w.dtype == torch.float32:
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(self.w, PACK_BATCH_HINT)
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, x.size(-1))                                     # (rows, in)
+        if self.packed is not None and rows.size(0) >= PACKED_MIN_ROWS and x.dtype == torch.float32:
+            out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.b, "none", [], "")
+        elif self.wt is None:
+            out = F.linear(rows, self.w, self.b)
+        elif self.b is None:
+            out = torch.mm(rows, self.wt)
+        else:
+            out = torch.addmm(self.b, rows, self.wt)                         # (rows, out)
+        return out.view(*x.shape[:-1], self.out_features)                   # (..., out)
+
+    __call__ = forward
 
 
 class FusedSelfAttention(SelfAttention):
@@ -39,7 +88,7 @@ class FusedSelfAttention(SelfAttention):
         weights = [a.w_q, a.w_k, a.w_v]
         bias = None if a.w_q.bias is None else torch.cat([w.bias for w in weights])
         fused.w_qkv = PreparedLinear(torch.cat([w.weight for w in weights]), bias, onednn)
-        fused.w_o = PreparedLinear.of(a.w_o, onednn)
+        fused.w_o = PreparedLinear(a.w_o.weight, a.w_o.bias, onednn)
         del fused.w_q, fused.w_k, fused.w_v
         return fused.to(a.w_o.weight.device).eval().requires_grad_(False)
 
@@ -72,7 +121,7 @@ def prepare(model: nn.Module, onednn: bool = ONEDNN) -> nn.Module:
             if isinstance(child, SelfAttention):
                 setattr(module, name, FusedSelfAttention.of(child, onednn))
             elif isinstance(child, nn.Linear):
-                setattr(module, name, PreparedLinear.of(child, onednn))
+                setattr(module, name, PreparedLinear(child.weight, child.bias, onednn))
     return streamline(fast)
 
 

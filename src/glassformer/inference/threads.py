@@ -1,14 +1,8 @@
-"""The thread policy: how many intra-op threads torch uses, decided once at each entry point.
-
-torch's thread count is process-wide, so it is set where a program starts (the CLI command, the lab
-server, a training run, a benchmark case), never inside a forward. The numbers behind the choices are
-in docs/performance.md:
-
-- decoding a few rows (batch 1, or one sentence with 4 beams): one thread. Each operation of such a
-  step is about as long as waking a second thread, so splitting it costs more than it saves;
-- decoding larger batches and training: every core the process may use (split between DDP ranks);
-- the lab: one thread, many small requests behind one lock.
-"""
+"""The thread policy: torch's intra-op thread count is process-wide, so it is set where a program starts (a
+CLI command, the lab server, a training run, a benchmark case), never inside library code. Decoding a few rows
+(batch 1, or one sentence with 4 beams): one thread (each operation is about as long as waking a second
+thread); larger batches and training: every core the process may use (split between DDP ranks); the lab: one
+thread, many small requests behind one lock (docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -55,10 +49,8 @@ def decoding_threads(rows: int, available: int | None = None) -> int:
 def use_threads(n: int) -> Iterator[int]:
     """Run the block with `n` intra-op threads and give the previous count back afterwards."""
     saved = torch.get_num_threads()
-    if n != saved:
-        torch.set_num_threads(n)
+    torch.set_num_threads(n)
     try:
         yield n
     finally:
-        if torch.get_num_threads() != saved:
-            torch.set_num_threads(saved)
+        torch.set_num_threads(saved)
