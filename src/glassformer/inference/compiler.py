@@ -7,9 +7,8 @@ the build, the package's name and the folder packages are kept in.
 `torch.export` traces two parts with every size symbolic, AOTInductor builds each into a package (C++ built
 by the system's compiler, the weights inside): `Source`, the model's encoder and each layer's cross-attention
 `project_kv`, once per batch; `Step`, decoding/search.py's `step` (the model's own `decode_step` over a
-KVCache made of the step's inputs, the search's `advance`, the beams' rows), per beam size. What is traced
-is `prepare(model, onednn=False)` (products in the W^T layout, hook points inert). One package serves every
-batch, sentence length and step; the run grows the cache's buffers between steps.
+KVCache made of the step's inputs, the search's `advance`, the beams' rows), per beam size, over
+`prepare(model, onednn=False, path="glass")`. One package serves every batch, sentence length and step.
 
 A package is named by what it computes: a hash of the exported graph (operations, not source text or
 paths), the weights, the threads its loops are made for, torch and the CPU. A build writes a temporary
@@ -136,7 +135,8 @@ class CompiledDecoder:
     def __init__(self, model: Transformer, step: Callable, folder: Path, notes: Callable[[str], None] | None = None,
                  threads: int | None = None) -> None:
         self.model, self.step_fn, self.folder, self.notes = model, step, folder, notes or (lambda line: None)
-        self.fast = prepare(model, onednn=False)                            # what is traced
+        # traced: W^T products, attention written out (inductor fuses it; SDPA stays an extern call per layer)
+        self.fast = prepare(model, onednn=False, path="glass")
         for embed in (self.fast.src_embed, self.fast.tgt_embed):
             if embed.sinusoidal:                                             # its table made before any tracing
                 embed.position_table(torch.float32, embed.token.weight.device)

@@ -107,12 +107,12 @@ class Inert(nn.Module):
         return x
 
 
-def prepare(model: nn.Module, onednn: bool = ONEDNN) -> nn.Module:
+def prepare(model: nn.Module, onednn: bool = ONEDNN, path: str = "fast") -> nn.Module:
     """A decoding copy of `model` (any family), in eval mode, without gradients; see the module doc.
 
     The weights are copied now, on the model's device and in its dtype: prepare again after training
     changes them or after moving the model. `onednn` picks oneDNN's pre-blocked weights where this torch
-    build has them (weights.py)."""
+    build has them; `path`: the model's attention path, "fast" (SDPA) or "glass" (the formula written out)."""
     fast = copy.deepcopy(model).eval().requires_grad_(False)
     for module in list(fast.modules()):
         if getattr(module, "activation", None) is F.relu:                    # FeedForward: the op itself
@@ -122,15 +122,15 @@ def prepare(model: nn.Module, onednn: bool = ONEDNN) -> nn.Module:
                 setattr(module, name, FusedSelfAttention.of(child, onednn))
             elif isinstance(child, nn.Linear):
                 setattr(module, name, PreparedLinear(child.weight, child.bias, onednn))
-    return streamline(fast)
+    return streamline(fast, path)
 
 
-def streamline(fast: nn.Module) -> nn.Module:
+def streamline(fast: nn.Module, path: str = "fast") -> nn.Module:
     """In place, on a decoding copy (prepare's, or with_precision's): every hook point and dropout becomes
-    an inert identity and attention runs on SDPA. Returns `fast`."""
+    an inert identity and attention runs on `path` (default SDPA). Returns `fast`."""
     for module in list(fast.modules()):
         if isinstance(module, MultiHeadAttention):
-            module.path, module._head_hooks = "fast", False                 # no hook can attach: SDPA
+            module.path, module._head_hooks = path, False                   # no hook can attach
         for name, child in list(module.named_children()):
             if isinstance(child, (HookPoint, nn.Dropout)):
                 setattr(module, name, Inert())
