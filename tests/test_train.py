@@ -96,6 +96,25 @@ def test_resume_continues_the_same_loss_trajectory(tmp_path):
 
 
 @pytest.mark.slow
+def test_resume_keeps_the_cooldown_and_the_word_dropout_draws(tmp_path):
+    """With a cool-down and word dropout, a run stopped at step 7 and resumed ends where the straight run
+    does: the same learning rates (the cool-down planned over the epochs) and the same losses (the dropout
+    draws continue from the saved random state)."""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    common = ("--epochs", "2", "--seed", "3", "--cooldown", "0.5", "--word-dropout", "0.3")
+    assert train(_args(straight, *common)) == 0
+    assert train(_args(split, *common, "--max-steps", "7")) == 0
+    assert train(_args(split, "--resume", "--max-steps", "1000")) == 0     # past the end: the epochs end it
+    a, b = _losses(straight), _losses(split)
+    assert sorted(a) == sorted(b) and len(a) > 8
+    for step in sorted(a)[7:]:
+        assert b[step] == pytest.approx(a[step], abs=1e-6), step
+    assert _lrs(split) == pytest.approx(_lrs(straight), rel=1e-12)
+    rates = _lrs(straight)                                  # 12 steps, the last 6 cooled: the last at 1/6
+    assert rates[max(rates)] < 0.3 * max(rates.values()) and rates[max(rates)] < rates[max(rates) - 1]
+
+
+@pytest.mark.slow
 def test_hsk_finish_epochs_train_on_the_hsk_examples_only(tmp_path):
     """--hsk-finish 1: the last epoch's steps cover exactly the HSK examples once, no Tatoeba pair."""
     from glassformer.training.loop import Trainer

@@ -110,7 +110,7 @@ class Trainer:
             save_run_files(self.out, self.cfg, self.settings.to_dict(), self.data.source, self.data.target)
         s = self.settings
         self.schedule = noam_schedule(self.optimizer, self.cfg.d_model, s.lr_factor, s.warmup, self.state["step"],
-                                      self.total_steps(), s.cooldown)
+                                      self.total_steps(capped=False), s.cooldown)
         self.loss_module: nn.Module = LossModule(self.model, s.label_smoothing)
         if self.dist.active:
             from torch.nn.parallel import DistributedDataParallel
@@ -193,13 +193,15 @@ class Trainer:
         return step_groups(make_batches(self.examples_for(epoch), s.max_tokens, s.seed, epoch),
                            self.dist.world, s.accumulate)
 
-    def total_steps(self) -> int:
-        """Optimizer steps of the whole run (the last epochs may train on the HSK examples only)."""
+    def total_steps(self, capped: bool = True) -> int:
+        """Optimizer steps of the whole run (the last epochs may train on the HSK examples only); `capped`:
+        at most --max-steps (the schedule's cool-down is planned over the epochs, uncapped: --max-steps
+        stops a run as an interruption would, and a resume past it continues the same schedule)."""
         epochs = self.settings.epochs
         sizes = {id(self.data.examples): len(self.epoch_groups(0)),
                  id(self.data.finish): len(self.epoch_groups(epochs - 1))}
         total = sum(sizes[id(self.examples_for(epoch))] for epoch in range(epochs))
-        return total if self.settings.max_steps is None else min(self.settings.max_steps, total)
+        return total if self.settings.max_steps is None or not capped else min(self.settings.max_steps, total)
 
     def step_tokens(self, group: list[list[int]]) -> int:
         """Non-PAD labels of every batch in the step, on all ranks (known from the shared batch list)."""
