@@ -39,6 +39,8 @@ __all__ = ["DEFAULT_SOURCE", "DEFAULT_TARGET", "UNTRAINED_SEED", "LabAPI", "LabM
 # The lesson's sentence, target and corruption (glassformer.lesson.examples), as the page shows them
 PATCH_CORRUPT = examples.in_units(examples.HER_UNITS)            # 他 → 她: does `him` still come out?
 BLOCK_TOKENS = ("我", "给", "书")             # the positions the lesson's BLOCK rows stand for
+PAGE_DTYPE = "float32"               # the weights the page loads: float16 moved p(him) by ~1e-4 (docs/lab.md)
+PAGE_LIMITS = ("MAX_SOURCE_CHARS", "MAX_TARGET_CHARS", "MAX_SENTENCE_TOKENS", "MAX_TOP_K", "MAX_BEAM")
 
 
 # ---- request checking --------------------------------------------------------------------------
@@ -241,9 +243,25 @@ class LabAPI:
         description; {"unsupported": reason} for a model only the server runs (a SentencePiece vocabulary)."""
         with self._bundle_lock:
             if self._bundle_cache is None:
-                from .export import page_payload
-                self._bundle_cache = page_payload(self)
+                self._bundle_cache = self.page_payload()
             return self._bundle_cache
+
+    def page_payload(self, dtype: str = PAGE_DTYPE) -> dict:
+        """What the page's engine loads: the model bundle, the limits the page checks, the model's description
+        (GET /api/bundle, and the offline page's last element).
+
+        A model the engine cannot run (a SentencePiece vocabulary) gives {"unsupported": reason}: the page then
+        asks the server, as before."""
+        from ..data.tokenize import SourceTokenizer, TargetTokenizer
+        from .bundle import write_bundle
+
+        lab = self.lab_model
+        if not isinstance(lab.source, SourceTokenizer) or not isinstance(lab.target, TargetTokenizer):
+            return {"unsupported": "this model's tokenizers (SentencePiece) run on the server only"}
+        with self.lock:
+            bundle = write_bundle(lab.model, (lab.source, lab.target), dtype=dtype)
+        return {"bundle": bundle, "limits": {name: getattr(limits, name) for name in PAGE_LIMITS},
+                "model": self.describe(lab)}
 
     @staticmethod
     def describe(lab: LabModel) -> dict:

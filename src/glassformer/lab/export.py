@@ -16,9 +16,8 @@ import posixpath
 import re
 from pathlib import Path
 
-from .. import limits
 from ..lesson import examples
-from .api import DEFAULT_SOURCE, DEFAULT_TARGET, LabAPI, lesson_text
+from .api import DEFAULT_SOURCE, DEFAULT_TARGET, PAGE_DTYPE, LabAPI, lesson_text
 from .server import STATIC_DIR
 
 MASKS = ("none", "causal", "padding")
@@ -27,10 +26,8 @@ OFFLINE_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsaf
 SCRIPT_TAG = re.compile(r'<script src="([^"<>]+)" defer></script>\n?')   # how index.html loads a script
 MODULE_TAG = re.compile(r'<script type="module" src="([^"<>]+)"></script>\n?')   # ... and its one module
 VIEWS_DIR = "views/"                 # where the view files are: inlined together, as one script element
-DTYPE = "float32"                    # the weights in the file: float16 moved p(him) by ~1e-4 (docs/lab.md)
 GRADIENT_METHODS = ("integrated-gradients", "input-x-gradient", "saliency")
 PRECOMPUTED_METHODS = (*GRADIENT_METHODS, "attention")   # the "why" view's methods the page does not run itself
-PAGE_LIMITS = ("MAX_SOURCE_CHARS", "MAX_TARGET_CHARS", "MAX_SENTENCE_TOKENS", "MAX_TOP_K", "MAX_BEAM")
 
 
 def with_toggles(spec: dict, disabled: tuple[int, ...], norm: str, scale: bool, mask: str) -> dict:
@@ -81,23 +78,6 @@ def swapped_source(units: list[str]) -> str | None:
     swapped = list(units)
     swapped[i], swapped[j] = b, a
     return examples.in_units(swapped)
-
-
-def page_payload(api: LabAPI, dtype: str = DTYPE) -> dict:
-    """What the page's engine loads: the model bundle, the limits the page checks, the model's description.
-
-    A model the engine cannot run (a SentencePiece vocabulary) gives {"unsupported": reason}: the page then
-    asks the server, as before."""
-    from ..data.tokenize import SourceTokenizer, TargetTokenizer
-    from .bundle import write_bundle
-
-    lab = api.lab_model
-    if not isinstance(lab.source, SourceTokenizer) or not isinstance(lab.target, TargetTokenizer):
-        return {"unsupported": "this model's tokenizers (SentencePiece) run on the server only"}
-    with api.lock:
-        bundle = write_bundle(lab.model, (lab.source, lab.target), dtype=dtype)
-    return {"bundle": bundle, "limits": {name: getattr(limits, name) for name in PAGE_LIMITS},
-            "model": api.describe(lab)}
 
 
 def precomputed_attribution(api: LabAPI) -> dict[str, dict]:
@@ -252,7 +232,7 @@ def _json_in_html(value) -> str:
     return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).replace("<", "\\u003c")
 
 
-def build_html(api: LabAPI, static_dir: str | Path = STATIC_DIR, dtype: str = DTYPE) -> str:
+def build_html(api: LabAPI, static_dir: str | Path = STATIC_DIR, dtype: str = PAGE_DTYPE) -> str:
     """The page with its CSS, scripts, embedded data and model inlined (no external request at all).
 
     The model is the last element (`<script type="application/json" id="lab-bundle" data-chars=N>`): a file
@@ -262,7 +242,7 @@ def build_html(api: LabAPI, static_dir: str | Path = STATIC_DIR, dtype: str = DT
     css = _script_safe((static / "style.css").read_text(encoding="utf-8"), "style.css")
     data = json.dumps(export_data(api), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     data = data.replace("</", "<\\/").replace("<!--", "<\\!--")
-    payload = page_payload(api, dtype)
+    payload = api.page_payload(dtype)
     if "unsupported" in payload:
         raise ValueError(f"the offline page cannot hold this model: {payload['unsupported']}")
     model = _json_in_html(payload)
@@ -281,7 +261,7 @@ def build_html(api: LabAPI, static_dir: str | Path = STATIC_DIR, dtype: str = DT
     return inline_scripts(page, static, data)
 
 
-def write_export(api: LabAPI, path: str | Path, dtype: str = DTYPE) -> int:
+def write_export(api: LabAPI, path: str | Path, dtype: str = PAGE_DTYPE) -> int:
     """Write the offline page to `path`; returns its size in bytes."""
     html = build_html(api, dtype=dtype).encode("utf-8")
     Path(path).write_bytes(html)
