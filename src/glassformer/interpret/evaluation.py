@@ -61,6 +61,9 @@ def evaluate_command(args) -> int:
         return code
     scores = json.loads(printed.getvalue())
     hypotheses = scores.pop("hypotheses")
+    from ..inference.threads import decoding_threads
+
+    torch.set_num_threads(decoding_threads(1))                              # the shares: one sentence at a time
     share = split_shares(args, hypotheses, method)
     if args.json:
         out = {**scores, **({"hypotheses": hypotheses} if args.hypotheses else {}), "source_share": share}
@@ -118,10 +121,8 @@ def split_shares(args, hypotheses: list[str], method: str) -> dict[str, Any]:
     """Word-row and per-sentence source shares of the hypotheses of args.split (JSON-able)."""
     from ..data.datasets import load_split
     from ..decoding.translator import Translator
-    from ..inference.threads import decoding_threads
     from ..options import device_name, model_dir
 
-    torch.set_num_threads(decoding_threads(1))                              # one sentence at a time
     translator = Translator.load(model_dir(args), device_name(args.device))
     model = translator.model
     model.eval()
