@@ -46,8 +46,9 @@ BEFORE = {
                    hsk_repeat=1),
     "hsk": dict(model=dict(MODEL_128, dropout=0.3), epochs=40, max_tokens=1024, lr_factor=0.5, warmup=400,
                 bpe_vocab=2000, **EXTRAS, average=5, tatoeba=False, hsk_repeat=1),
-    "default": dict(model=dict(MODEL_128, dropout=0.1), epochs=10, max_tokens=1024, lr_factor=0.7, warmup=800,
-                    bpe_vocab=4000, **EXTRAS, average=3, tatoeba=True, hsk_repeat=3),
+    "default": dict(model=dict(MODEL_128, dropout=0.1), epochs=11, max_tokens=1024, lr_factor=0.7, warmup=800,
+                    bpe_vocab=4000, **dict(EXTRAS, glosses=False), average=3, tatoeba=True, hsk_repeat=3,
+                    cooldown=0.3),
     "large": dict(model=dict(MODEL_128, d_model=256, d_ff=1024, encoder_layers=3, decoder_layers=3, dropout=0.1),
                   epochs=12, max_tokens=2048, lr_factor=0.7, warmup=800, bpe_vocab=6000, **EXTRAS, average=3,
                   tatoeba=True, hsk_repeat=3),
@@ -168,11 +169,11 @@ def test_data_source_switches_reach_the_saved_settings(tmp_path, capsys):
     from glassformer.training.settings import resolve_settings
 
     parser = build_parser()
-    args = parser.parse_args(["train", "--preset", "default", "--no-tatoeba", "--hsk-repeat", "2", "--no-glosses"])
+    args = parser.parse_args(["train", "--preset", "default", "--no-tatoeba", "--hsk-repeat", "2", "--glosses"])
     settings = resolve_settings(args)
-    assert (settings.tatoeba, settings.hsk_repeat, settings.glosses) == (False, 2, False)
+    assert (settings.tatoeba, settings.hsk_repeat, settings.glosses) == (False, 2, True)
     default = resolve_settings(parser.parse_args(["train", "--preset", "default"]))
-    assert (default.tatoeba, default.hsk_repeat, default.glosses) == (True, 3, True)
+    assert (default.tatoeba, default.hsk_repeat, default.glosses) == (True, 3, False)
     one_line_exit_2([*TINY, "--out", str(tmp_path / "run"), "--hsk-repeat", "0"], capsys, "--hsk-repeat")
 
 
