@@ -136,7 +136,7 @@ class CompiledDecoder:
                  threads: int | None = None) -> None:
         self.model, self.step_fn, self.folder, self.notes = model, step, folder, notes or (lambda line: None)
         # traced: W^T products, attention written out (inductor fuses it; SDPA stays an extern call per layer)
-        self.fast = prepare(model, onednn=False, path="glass")
+        self.fast = prepare(model, onednn=False, path="glass", direct=False)
         for embed in (self.fast.src_embed, self.fast.tgt_embed):
             if embed.sinusoidal:                                             # its table made before any tracing
                 embed.position_table(torch.float32, embed.token.weight.device)

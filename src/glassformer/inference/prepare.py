@@ -3,23 +3,22 @@
     fast = prepare(model)                             # a copy: the model itself is untouched
     logits = fast.decode_step(tokens, fast.encode(src, src_pad), src_pad, fast.new_cache())   # the model's own
 
-The copy keeps the model's classes and forwards; some children are replaced by others that compute the
-same: every nn.Linear by a `PreparedLinear`, each self-attention by a `FusedSelfAttention` whose Q, K, V
-come from one product [W^Q | W^K | W^V], every hook point and dropout (identity in eval) by an inert identity
-(nothing fires; to observe or intervene, run the model itself), and attention runs on SDPA. Translation runs
-it eagerly; `prepare(model, onednn=False)` is what the compiled step traces (compiler.py). Tests hold its
-tokens identical and its logits equal to the model's to float rounding (tests/test_inference.py).
+The copy keeps the model's forwards; nn.Linear becomes `PreparedLinear`, self-attention `FusedSelfAttention` (Q,
+K, V from one product [W^Q | W^K | W^V]), hook points and dropout an `Inert` identity (to observe or intervene,
+run the model itself), attention runs on SDPA, every module is called straight through forward
+(`_direct`). Translation runs it eagerly; `prepare(model, onednn=False, direct=False)` is what the compiled step
+traces (compiler.py). Tests hold its tokens identical and its logits equal to the model's (tests/test_inference.py).
 
 `PreparedLinear`: a step multiplies a handful of rows, so each product streams all of W; a wide W (out >= in:
-W^Q|W^K|W^V, W_1, the head) streams about twice as fast from a contiguous W^T (in, out). From PACKED_MIN_ROWS
-rows on, oneDNN's pre-blocked copy of W is faster still (MKL would re-block W on every call); it has no public
-eager API, so the private ops run only where `ONEDNN` finds them (tests hold both routes equal). The copies
-are made once, from the weights at that moment: prepare again after training changes them.
+W^Q|W^K|W^V, W_1, the head) streams about twice as fast from a contiguous W^T (in, out). From PACKED_MIN_ROWS rows
+on, oneDNN's pre-blocked W is faster still (MKL re-blocks W at every call); private ops, run only where `ONEDNN`
+finds them (tests hold both routes equal). Copies of the weights at that moment: prepare again after training.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -33,10 +32,9 @@ PACK_BATCH_HINT = 32           # the row count oneDNN blocks W for
 
 
 def _onednn_available() -> bool:
-    ops = getattr(torch.ops, "mkldnn", None)
+    ops, names = getattr(torch.ops, "mkldnn", None), ("_reorder_linear_weight", "_linear_pointwise")
     try:
-        return (torch.backends.mkldnn.is_available() and ops is not None
-                and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise"))
+        return torch.backends.mkldnn.is_available() and all(hasattr(ops, n) for n in names)
     except (AttributeError, RuntimeError):
         return False
 
@@ -45,9 +43,7 @@ ONEDNN = _onednn_available()
 
 
 class PreparedLinear(nn.Module):
-    """Stands in for an nn.Linear: x W^T + b for x (..., in) -> (..., out), with W laid out once for inference.
-
-    Called straight through `forward` (no nn.Module hook dispatch: it is a leaf of a decoding copy)."""
+    """Stands in for an nn.Linear: x W^T + b for x (..., in) -> (..., out), with W laid out once for inference."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None, onednn: bool = ONEDNN) -> None:
         super().__init__()
@@ -57,9 +53,8 @@ class PreparedLinear(nn.Module):
             self.out_features = self.w.size(0)
             wide = self.w.size(0) >= self.w.size(1) and self.w.device.type == "cpu"
             self.wt = self.w.t().contiguous() if wide else None              # (in, out) or None
-            self.packed = None
-            if onednn and self.w.device.type == "cpu" and self.w.dtype == torch.float32:
-                self.packed = torch.ops.mkldnn._reorder_linear_weight(self.w, PACK_BATCH_HINT)
+            packs = onednn and self.w.device.type == "cpu" and self.w.dtype == torch.float32
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.w, PACK_BATCH_HINT) if packs else None
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, x.size(-1))                                     # (rows, in)
@@ -72,8 +67,6 @@ class PreparedLinear(nn.Module):
         else:
             out = torch.addmm(self.b, rows, self.wt)                         # (rows, out)
         return out.view(*x.shape[:-1], self.out_features)                   # (..., out)
-
-    __call__ = forward
 
 
 class FusedSelfAttention(SelfAttention):
@@ -98,21 +91,15 @@ class FusedSelfAttention(SelfAttention):
         return self.split_heads(q, self.d_k), self.split_heads(k, self.d_k), self.split_heads(v, self.d_v)
 
 
-class Inert(nn.Module):
-    """A hook point that returns its input and accepts nothing (`fns` stays empty)."""
-
-    fns = ()
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x
+class Inert(nn.Identity):
+    fns = ()                                                                 # a hook point that accepts nothing
+    __call__ = nn.Identity.forward
 
 
-def prepare(model: nn.Module, onednn: bool = ONEDNN, path: str = "fast") -> nn.Module:
-    """A decoding copy of `model` (any family), in eval mode, without gradients; see the module doc.
-
-    The weights are copied now, on the model's device and in its dtype: prepare again after training
-    changes them or after moving the model. `onednn` picks oneDNN's pre-blocked weights where this torch
-    build has them; `path`: the model's attention path, "fast" (SDPA) or "glass" (the formula written out)."""
+def prepare(model: nn.Module, onednn: bool = ONEDNN, path: str = "fast", direct: bool = True) -> nn.Module:
+    """A decoding copy of `model` (any family, module doc), eval, no gradients, its weights copied now (prepare
+    again after training or moving the model). `onednn`: oneDNN's pre-blocked weights where this torch build has
+    them; `path`: attention "fast" (SDPA) or "glass" (the formula written out); `direct`: see `_direct`."""
     fast = copy.deepcopy(model).eval().requires_grad_(False)
     for module in list(fast.modules()):
         if getattr(module, "activation", None) is F.relu:                    # FeedForward: the op itself
@@ -122,16 +109,29 @@ def prepare(model: nn.Module, onednn: bool = ONEDNN, path: str = "fast") -> nn.M
                 setattr(module, name, FusedSelfAttention.of(child, onednn))
             elif isinstance(child, nn.Linear):
                 setattr(module, name, PreparedLinear(child.weight, child.bias, onednn))
-    return streamline(fast, path)
+    return streamline(fast, path, direct)
 
 
-def streamline(fast: nn.Module, path: str = "fast") -> nn.Module:
-    """In place, on a decoding copy (prepare's, or with_precision's): every hook point and dropout becomes
-    an inert identity and attention runs on `path` (default SDPA). Returns `fast`."""
+def streamline(fast: nn.Module, path: str = "fast", direct: bool = True) -> nn.Module:
+    """In place, on a decoding copy (prepare's, or with_precision's): every hook point and dropout becomes an
+    `Inert` identity, attention runs on `path` (default SDPA), with `direct` every module is `_direct`."""
     for module in list(fast.modules()):
         if isinstance(module, MultiHeadAttention):
-            module.path, module._head_hooks = path, False                   # no hook can attach
+            module.path, module._head_hooks = path, False
         for name, child in list(module.named_children()):
             if isinstance(child, (HookPoint, nn.Dropout)):
                 setattr(module, name, Inert())
+        _direct(module) if direct else None
     return fast
+
+
+_called_by_forward = functools.cache(lambda cls: type(cls.__name__, (cls,), {"__call__": cls.forward}))  # noqa: E731
+
+
+def _direct(module: nn.Module) -> None:
+    """`module` called straight through forward, its children and weights plain attributes (no nn.Module dispatch
+    or __getattr__; its weights fixed from then on): a greedy batch-1 step took 0.83x the time (d128, 2+2 layers)."""
+    if type(module).__call__ is nn.Module.__call__:                        # HookPoint has its own
+        module.__class__ = _called_by_forward(type(module))
+    module.__dict__.update(module._modules, **module._parameters, **module._buffers)
+
