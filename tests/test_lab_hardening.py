@@ -291,9 +291,12 @@ def test_binding_elsewhere_warns(tmp_path):
                           "--no-browser"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
                          env=ENV)
     assert run.returncode == 2 and "--expose" in run.stderr and run.stderr.count("\n") == 1
+    # the lab as a shell starts it: Ctrl-C at its default disposition (a child inherits an ignored SIGINT, and
+    # Python then installs no KeyboardInterrupt handler; a test runner's own signal state must not leak in)
     proc = subprocess.Popen([sys.executable, "-m", "glassformer.cli", "lab", "--host", "0.0.0.0", "--port", "0",
                              "--no-browser", "--expose"], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=ENV)
+                            stderr=subprocess.PIPE, text=True, env=ENV,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         proc.stdout.readline()
         first = proc.stderr.readline()
@@ -304,7 +307,7 @@ def test_binding_elsewhere_warns(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             code = proc.wait()
-    assert "warning" in first and code == 0, (first, code, proc.stderr.read()[-2000:])
+    assert "warning" in first and code == 0, (first, code, signal.getsignal(signal.SIGINT), proc.stderr.read()[-2000:])
 
 
 # ---- generated junk --------------------------------------------------------------------------
