@@ -3,7 +3,7 @@
 //   window.glassformer = {ready, translate(text, {beam}), next(source, targetPrefix, {off}), analyse(text)}
 // for scripts, and window.LAB_LIVE (the same session plus what the views compute) for the lab's views.
 // Everything runs in float64 on the page's own thread; long work (patching) yields between runs.
-import { loadBundle, Transformer, generate, nextDistribution, patchingScan, logitLens, altiPlus, runTrace } from "./engine/index.js";
+import { loadBundle, Transformer, generate, nextDistribution, patchingScan, logitLens, altiPlus, runTrace, softmaxRow } from "./engine/index.js";
 import { loadTokenizers } from "./engine/tokenize.js";
 import { newExerciseSheet, exerciseKey, runExerciseWithBug, checkExercise, parseExerciseTable, exerciseBug, exerciseNotCovered } from "./engine/exercises.js";
 
@@ -134,16 +134,6 @@ function rows(m) {                                    // a Matrix as nested arra
   return out;
 }
 
-function softmax(logits) {
-  let top = -Infinity;
-  for (const v of logits) if (v > top) top = v;
-  const p = new Float64Array(logits.length);
-  let total = 0;
-  for (let i = 0; i < p.length; i++) total += (p[i] = Math.exp(logits[i] - top));
-  for (let i = 0; i < p.length; i++) p[i] /= total;
-  return p;
-}
-
 /** POST /api/sentence, in the page: attention tables and each target row's next tokens. */
 async function sentence(S, body) {
   const text = body.source;
@@ -164,7 +154,7 @@ async function sentence(S, body) {
   const { logits, probes } = model.forward(enc.ids, inputs, { record: ATTENTION });
   const last = [];
   const nextRows = logits.map((row, t) => {
-    const p = softmax(row);
+    const p = softmaxRow(row);
     const label = t + 1 < inputs.length ? inputs[t + 1] : (finished ? cfg.eos_id : p.indexOf(Math.max(...p)));
     last.push(label);
     const order = Array.from(p.keys()).sort((a, b) => p[b] - p[a] || a - b).slice(0, Math.min(top, p.length));
