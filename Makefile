@@ -41,7 +41,7 @@ demo: $(STAMP) $(TATOEBA)
 		echo "== the translator in $(MODEL): finishing its training if it was interrupted"; \
 		$(GF) train --out $(MODEL) --resume; \
 	else \
-		echo "== training the default translator into $(MODEL) (HSK + Tatoeba, 11 epochs with a cool-down; about 26 minutes on 2 AMD EPYC cores with AVX2)"; \
+		echo "== training the default translator into $(MODEL) (HSK + Tatoeba, 11 epochs with a cool-down; 8,276 steps, fewer than the former recipe's 26 minutes on 2 AMD EPYC cores)"; \
 		$(GF) train --preset default --out $(MODEL); \
 	fi
 	$(GF) evaluate --model $(MODEL) --split test
