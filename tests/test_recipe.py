@@ -1,4 +1,4 @@
-"""The recipe's regularisers and schedule: the cool-down, word dropout, attention dropout."""
+"""The recipe's regularisers and schedule: the cool-down, word dropout, attention dropout, BPE-dropout."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import torch
 
 from glassformer.cli import main
 from glassformer.data.batching import drop_words
-from glassformer.data.tokenize import PAD, UNK
+from glassformer.data.corpus import load_corpus
+from glassformer.data.datasets import load_split
+from glassformer.data.tokenize import PAD, UNK, PieceDropout, TargetTokenizer
 from glassformer.training.schedule import noam_lr, noam_schedule
 from glassformer.training.settings import preset_settings
 
@@ -63,7 +65,8 @@ def test_word_dropout_replaces_units_at_its_rate_and_never_a_pad():
 
 def test_the_new_knobs_are_checked_flags(capsys):
     for argv, words in ((["--cooldown", "1.0"], "--cooldown"), (["--word-dropout", "-0.1"], "--word-dropout"),
-                        (["--attention-dropout", "1.5"], "--attention-dropout")):
+                        (["--attention-dropout", "1.5"], "--attention-dropout"),
+                        (["--bpe-dropout", "1"], "--bpe-dropout")):
         code = main(["train", "--preset", "tiny", "--quiet", *argv])
         err = capsys.readouterr().err
         assert code == 2 and err.count("\n") == 1 and words in err, err
@@ -85,3 +88,38 @@ def test_a_tiny_run_with_the_regularisers_trains_and_cools_to_zero(tmp_path):
     assert rates[-1] == pytest.approx(noam_lr(total, 32, 1.0, 50) / cool, rel=1e-6)     # the last step: 1/cool
     assert rates[total // 2 - 1] == pytest.approx(noam_lr(total // 2, 32, 1.0, 50), rel=1e-6)
     assert preset_settings("tiny").cooldown == 0.0          # presets that do not ask for it keep the paper's rate
+
+
+@pytest.fixture(scope="module")
+def english():
+    """A BPE trained on the HSK training English, and the dev + test English it never saw."""
+    tokenizer = TargetTokenizer.train([p.en for p in load_corpus().split("train")], 2000)
+    return tokenizer, [p.en for p in (*load_split("dev"), *load_split("test"))] + [
+        "Don't stop -- it's 5:30 p.m.; (really) \"quoted\" text!", "naïve café, 100% Ω"]
+
+
+def test_bpe_dropout_at_zero_gives_the_tokenizers_own_pieces(english):
+    tokenizer, sentences = english
+    cut = PieceDropout(tokenizer)
+    for text in sentences:                                  # merges redone from characters by the test's loop
+        ids = tokenizer.encode(text)
+        assert cut(ids, 0.0, 1) == ids, (text, tokenizer.tokens(text))
+
+
+def test_bpe_dropout_cuts_words_smaller_from_the_same_characters_and_is_seeded(english):
+    tokenizer, sentences = english
+    cut = PieceDropout(tokenizer)
+    piece = {i: tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)}
+    before = after = changed = 0
+    for n, text in enumerate(sentences):
+        ids = tokenizer.encode(text)
+        out = cut(ids, 0.1, n)
+        assert "".join(piece[i] for i in out) == "".join(piece[i] for i in ids)   # the same text, other cuts
+        assert out == cut(ids, 0.1, n)                      # the seed decides
+        before, after, changed = before + len(ids), after + len(out), changed + (out != ids)
+    assert 1.05 < after / before < 1.6, after / before      # smaller pieces, more of them
+    assert changed > len(sentences) // 3
+    ids = tokenizer.encode("yesterday")
+    assert len({tuple(cut(ids, 0.3, seed)) for seed in range(40)}) > 3     # another seed, other cuts
+    chars = cut(tokenizer.encode("I gave him a book yesterday."), 0.999999, 0)
+    assert [piece[i] for i in chars] == list("▁I▁gave▁him▁a▁book▁yesterday.")  # every merge skipped

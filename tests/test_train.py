@@ -96,12 +96,12 @@ def test_resume_continues_the_same_loss_trajectory(tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_keeps_the_cooldown_and_the_word_dropout_draws(tmp_path):
-    """With a cool-down and word dropout, a run stopped at step 7 and resumed ends where the straight run
-    does: the same learning rates (the cool-down planned over the epochs) and the same losses (the dropout
-    draws continue from the saved random state)."""
+def test_resume_keeps_the_cooldown_and_the_dropout_draws(tmp_path):
+    """With a cool-down, word dropout and BPE-dropout, a run stopped at step 7 and resumed ends where the
+    straight run does: the same learning rates (the cool-down planned over the epochs) and the same losses (the
+    word dropout draws continue from the saved random state; BPE-dropout's cuts are seeded by the step)."""
     straight, split = tmp_path / "straight", tmp_path / "split"
-    common = ("--epochs", "2", "--seed", "3", "--cooldown", "0.5", "--word-dropout", "0.3")
+    common = ("--epochs", "2", "--seed", "3", "--cooldown", "0.5", "--word-dropout", "0.3", "--bpe-dropout", "0.2")
     assert train(_args(straight, *common)) == 0
     assert train(_args(split, *common, "--max-steps", "7")) == 0
     assert train(_args(split, "--resume", "--max-steps", "1000")) == 0     # past the end: the epochs end it

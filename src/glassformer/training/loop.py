@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..data.batching import collate, drop_words, make_batches, rank_share, step_groups
+from ..data.batching import Example, collate, drop_words, make_batches, rank_share, step_groups
 from ..data.checkpoint import (
     CONFIG,
     OPTIMIZER,
@@ -43,6 +43,7 @@ from ..data.checkpoint import (
     set_rng_state,
     write_json,
 )
+from ..data.tokenize import PieceDropout
 from ..errors import UsageError
 from ..inference.precision import precision_note
 from ..inference.threads import training_threads
@@ -97,6 +98,7 @@ class Trainer:
         torch.manual_seed(self.settings.seed)
         self.data = prepare_data(self.settings, self.settings.limit, vocab)
         self.examples = self.data.examples          # this epoch's examples (see examples_for)
+        self._pieces: PieceDropout | None = None    # --bpe-dropout's cutter, made on first use
         self.cfg = ModelConfig.from_dict(read_json(self.out / CONFIG)["model"]) if self.resume else ModelConfig(
             **self.settings.model.model_dump(), src_vocab=self.data.source.vocab_size,
             tgt_vocab=self.data.target.vocab_size)
@@ -203,9 +205,21 @@ class Trainer:
         total = sum(sizes[id(self.examples_for(epoch))] for epoch in range(epochs))
         return total if self.settings.max_steps is None or not capped else min(self.settings.max_steps, total)
 
-    def step_tokens(self, group: list[list[int]]) -> int:
+    def step_examples(self, group: list[list[int]]) -> dict[int, Example]:
+        """The examples of every batch in the step, on all ranks; with --bpe-dropout their targets cut again,
+        seeded by (seed, step, example): every rank and a resumed run cut them alike."""
+        p, step = self.settings.bpe_dropout, self.state["step"]
+        if p <= 0:
+            return {i: self.examples[i] for batch in group for i in batch}
+        if self._pieces is None:
+            self._pieces = PieceDropout(self.data.target)
+        return {i: Example(e.src, self._pieces(e.tgt, p, f"{self.settings.seed}:{step}:{i}"))
+                for batch in group for i in batch for e in (self.examples[i],)}
+
+    @staticmethod
+    def step_tokens(examples: dict[int, Example]) -> int:
         """Non-PAD labels of every batch in the step, on all ranks (known from the shared batch list)."""
-        return sum(len(self.examples[i].tgt) + 1 for batch in group for i in batch)
+        return sum(len(e.tgt) + 1 for e in examples.values())
 
     def precision(self):
         """bfloat16: autocast around forward and loss (weights, gradients and Adam stay fp32; the loss
@@ -215,12 +229,13 @@ class Trainer:
     def step(self, group: list[list[int]]) -> tuple[float, int, float]:
         """One optimizer step on this rank's share of `group`: (summed loss over all ranks, tokens, lr)."""
         lr = self.schedule.get_last_lr()[0]
-        total = self.step_tokens(group)
+        examples = self.step_examples(group)
+        total = self.step_tokens(examples)
         self.optimizer.zero_grad(set_to_none=True)
         local = torch.zeros((), dtype=torch.float64)
         share = rank_share(group, self.dist.rank, self.settings.accumulate)
         for m, index in enumerate(share):
-            batch = collate(self.examples, index)
+            batch = collate(examples, index)
             batch.src = drop_words(batch.src, self.settings.word_dropout)
             batch = batch.to(self.device)
             last = m == len(share) - 1

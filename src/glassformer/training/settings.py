@@ -61,6 +61,8 @@ class TrainSettings(Schema):
                                 "to zero (0: the Noam schedule to the end)", ge=0, lt=1)
     word_dropout: float = knob(0.0, "each source unit of a training batch becomes <unk> with this probability",
                                ge=0, lt=1)
+    bpe_dropout: float = knob(0.0, "BPE-dropout: each merge of a training target's words skipped with this "
+                                   "probability, so words are sometimes cut into smaller pieces", ge=0, lt=1)
     bpe_vocab: int = knob(4000, "target BPE vocabulary size", gt=0, le=MAX_VOCAB)
     glosses: bool = knob(False, "add CC-CEDICT glosses of the source words as word-level pairs")
     source_units: Literal["raw", "gold"] = knob("raw", "train on the raw-text segmentation or the corpus's")
