@@ -255,3 +255,18 @@ def test_ctrl_c_saves_a_loadable_checkpoint_and_exits_cleanly(tmp_path):
     assert state["step"] >= 3
     model, source, target, _ = load_translator_parts(out)
     assert model.cfg.d_model == 32 and source.vocab_size > 4 and target.vocab_size > 4
+
+
+def test_bpe_dropout_keeps_the_tokenizers_pieces_where_a_cut_would_pass_max_len(tmp_path):
+    from glassformer.training.loop import Trainer
+
+    trainer = Trainer(_args(tmp_path / "run", "--bpe-dropout", "0.99", "--limit", "1000"))
+    examples, max_len = trainer.examples, trainer.cfg.max_len
+    chars = {i: sum(len(trainer.data.target.id_to_token(t)) for t in e.tgt) for i, e in enumerate(examples)}
+    long = max(chars, key=chars.get)                        # nearly every merge skipped: about a piece a character
+    short = min((i for i in chars if len(examples[i].tgt) > 2), key=chars.get)
+    assert chars[long] >= max_len > chars[short] + 1
+    cut = trainer.step_examples([[long, short]])
+    assert cut[long].tgt == examples[long].tgt              # the cut would pass max_len: the tokenizer's pieces
+    assert len(cut[short].tgt) > len(examples[short].tgt)   # cut smaller
+    assert trainer.step_tokens(cut) == len(cut[long].tgt) + len(cut[short].tgt) + 2

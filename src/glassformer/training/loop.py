@@ -207,14 +207,18 @@ class Trainer:
 
     def step_examples(self, group: list[list[int]]) -> dict[int, Example]:
         """The examples of every batch in the step, on all ranks; with --bpe-dropout their targets cut again,
-        seeded by (seed, step, example): every rank and a resumed run cut them alike."""
+        seeded by (seed, step, example): every rank and a resumed run cut them alike. A target whose cut would
+        pass the model's max_len keeps the tokenizer's pieces."""
         p, step = self.settings.bpe_dropout, self.state["step"]
+        examples = {i: self.examples[i] for batch in group for i in batch}
         if p <= 0:
-            return {i: self.examples[i] for batch in group for i in batch}
+            return examples
         if self._pieces is None:
             self._pieces = PieceDropout(self.data.target)
-        return {i: Example(e.src, self._pieces(e.tgt, p, f"{self.settings.seed}:{step}:{i}"))
-                for batch in group for i in batch for e in (self.examples[i],)}
+        for i, e in examples.items():
+            tgt = self._pieces(e.tgt, p, f"{self.settings.seed}:{step}:{i}")
+            examples[i] = Example(e.src, tgt) if len(tgt) < self.settings.model.max_len else e   # + BOS / EOS
+        return examples
 
     @staticmethod
     def step_tokens(examples: dict[int, Example]) -> int:
