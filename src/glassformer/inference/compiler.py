@@ -8,7 +8,8 @@ the build, the package's name and the folder packages are kept in.
 by the system's compiler, the weights inside): `Source`, the model's encoder and each layer's cross-attention
 `project_kv`, once per batch; `Step`, decoding/search.py's `step` (the model's own `decode_step` over a
 KVCache made of the step's inputs, the search's `advance`, the beams' rows), per beam size, over
-`prepare(model, onednn=False, path="glass")`. One package serves every batch, sentence length and step.
+`prepare(model, onednn=False, path="glass")`. One package serves every batch, sentence length and step; greedy
+has a second for steps of at most FEW_ROWS rows, built with other inductor settings (FROZEN, FEW below).
 
 A package is named by what it computes: a hash of the exported graph (operations, not source text or
 paths), the weights, the threads its loops are made for, torch and the CPU. A build writes a temporary
@@ -39,6 +40,14 @@ CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 PACKAGES = "packages"          # below the cache folder: the .pt2 packages
 MAX_LEN = 512                  # longer max_len: decoded eagerly
 MAX_ROWS = 1 << 14             # rows a package accepts (sentences x beam)
+FEW_ROWS = 4                   # a greedy step of at most this many rows runs its own package ("beam1-few")
+# inductor's settings per package (docs/performance.md, measured on the default model, 2 threads): the weights frozen
+# into the graph, so each product runs on oneDNN's pre-blocked weights (greedy batch 32: 1.45x the tokens/s of
+# MKL's products); a greedy step of a few rows on inductor's own C++ GEMM kernels, chosen by timing them at the
+# build (batch 1: 2.5x; at 32 rows they lost to oneDNN)
+FROZEN = {"freezing": True}
+FEW = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
+       "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}   # its timings unprinted
 _USER_FOLDER = os.environ.get(CACHE_ENV)   # the user's choice, read before inductor sets its own default
 
 
@@ -164,7 +173,8 @@ class CompiledDecoder:
         cache.reserve(1)
         inputs = (*slots, self.positions[length - 1], alpha, src_pad, [cache.k[a] for a in selfs],
                   [cache.v[a] for a in selfs], *([kv[i] for kv in cache.cross.values()] for i in (0, 1)))
-        out = self._part(f"beam{search.beam}", search, inputs)(*inputs)
+        few = search.beam == 1 and slots[0].size(0) <= FEW_ROWS
+        out = self._part(f"beam{search.beam}" + ("-few" if few else ""), search, inputs)(*inputs)
         n, layers = len(out) - 2 * len(selfs), len(selfs)
         cache.k = dict(zip(selfs, out[n: n + layers], strict=True))
         cache.v = dict(zip(selfs, out[n + layers:], strict=True))
@@ -172,29 +182,32 @@ class CompiledDecoder:
         return out[:n]
 
     def built(self, search) -> bool:
-        """Whether the source side and the step of `search` were built before (no trace: their recipes' notes)."""
-        return all(self._found(kind, s) is not None for kind, s in (("source", None), (f"beam{search.beam}", search)))
+        """Whether the source side and the steps of `search` were built before (no trace: their recipes' notes)."""
+        kinds = [f"beam{search.beam}"] + (["beam1-few"] if search.beam == 1 else [])
+        return all(self._found(kind, s) is not None for kind, s in (("source", None), *((k, search) for k in kinds)))
 
     def _part(self, kind: str, search, inputs: tuple) -> Callable:
         """The package of `kind`: found, else traced and named, then loaded or built; should any of that fail,
         the module itself after one note."""
         if kind in self.parts:
             return self.parts[kind]
-        beam = 0 if search is None else search.beam
+        beam, few = 0 if search is None else search.beam, kind.endswith("-few")
         module = Source(self.fast) if search is None else Step(self.fast, self.step_fn, search)
-        what, threads = "the source side" if beam == 0 else f"the step for beam {beam}", self.threads if beam > 1 else 1
+        what = "the source side" if beam == 0 else f"the step for beam {beam}" + (" (a few rows)" if few else "")
+        threads = self.threads if beam > 1 else 1
+        configs = {**(FEW if few else FROZEN), "cpp.threads": threads}
         try:
             path = self._found(kind, search)
             if path is None:
-                example, dynamic = _shapes(inputs, beam, self.model.cfg.max_len)
+                example, dynamic = _shapes(inputs, beam, self.model.cfg.max_len, FEW_ROWS if few else MAX_ROWS)
                 with torch.no_grad():
                     program = torch.export.export(module, example, dynamic_shapes=dynamic)
-                path = self.folder / PACKAGES / f"{kind}-{package_name(program, threads)}.pt2"
+                path = self.folder / PACKAGES / f"{kind}-{package_name(program, configs)}.pt2"
                 if not path.exists():
                     self.notes(f"--compile: building {what} (once per model; later runs load it from {path.parent})")
                     began = time.perf_counter()
                     _written(path, lambda partial: torch._inductor.aoti_compile_and_package(
-                        program, package_path=str(partial), inductor_configs={"cpp.threads": threads}))
+                        program, package_path=str(partial), inductor_configs=configs))
                     self.notes(f"--compile: built in {time.perf_counter() - began:.1f} s")
                 _written(self._note(kind, search), lambda partial: partial.write_text(path.name))
             self.paths[kind], self.parts[kind] = path, _load(path)
@@ -240,10 +253,11 @@ def _machine(threads: int) -> dict:
             "machine": platform.machine(), "threads": threads}
 
 
-def package_name(program: torch.export.ExportedProgram, threads: int) -> str:
+def package_name(program: torch.export.ExportedProgram, configs: dict) -> str:
     """A hash of what a package computes: the exported graph (operations and their arguments; no source lines
-    or paths), its symbolic sizes' ranges, its weights and constants, the build threads, torch and the CPU."""
-    h = hashlib.sha256(json.dumps(_machine(threads)).encode())
+    or paths), its symbolic sizes' ranges, its weights and constants, the build's inductor settings (threads
+    included), torch and the CPU."""
+    h = hashlib.sha256(json.dumps([_machine(configs["cpp.threads"]), sorted(configs.items())]).encode())
     h.update(str(program.graph).encode())
     h.update(str(sorted((str(k), str(v)) for k, v in program.range_constraints.items())).encode())
     return _tensors(h, {**program.state_dict, **program.constants}).hexdigest()[:24]
@@ -264,17 +278,17 @@ def _load(path: Path) -> Callable:
     return lambda *inputs: tuple(runner.boxed_run([t for x in inputs for t in (x if isinstance(x, list) else (x,))]))
 
 
-def _shapes(inputs: tuple, beam: int, max_len: int) -> tuple[tuple, tuple]:
+def _shapes(inputs: tuple, beam: int, max_len: int, max_rows: int = MAX_ROWS) -> tuple[tuple, tuple]:
     """Inputs like `inputs` (Source's for beam 0, else Step's) with every symbolic size 2 or 3 (above 1: tracing
-    keeps it symbolic), and those sizes for torch.export: sentences or slots, rows (slots x beam), source
-    positions, the output limit (the history's width), self-attention positions."""
+    keeps it symbolic), and those sizes for torch.export: sentences or slots, rows (slots x beam, at most
+    `max_rows`), source positions, the output limit (the history's width), self-attention positions."""
     Dim = torch.export.Dim
     source = (3, Dim("source", min=1, max=max_len))
     if beam == 0:
         sentences = (2, Dim("sentences", min=1, max=MAX_ROWS))
         specs = [{0: sentences, 1: source}] * 2 + [{0: (3, Dim("rows", min=1, max=MAX_ROWS))}]
     else:
-        slots = Dim("slots", min=1, max=MAX_ROWS // beam)
+        slots = Dim("slots", min=1, max=max_rows // beam)
         slot, rows = (2, slots), (2 * beam, slots if beam == 1 else beam * slots)
         positions = (3, Dim("positions", min=1, max=max_len + GROW))
         specs = [{0: rows}, *[{0: slot}] * 4, {0: rows, 1: (3, Dim("limit", min=1, max=max_len))}, {}, {},
