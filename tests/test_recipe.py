@@ -11,7 +11,8 @@ from glassformer.cli import main
 from glassformer.data.batching import drop_words
 from glassformer.data.corpus import load_corpus
 from glassformer.data.datasets import load_split
-from glassformer.data.tokenize import PAD, UNK, PieceDropout, TargetTokenizer
+from glassformer.data.pieces import PieceDropout
+from glassformer.data.tokenize import PAD, UNK, TargetTokenizer
 from glassformer.training.schedule import noam_lr, noam_schedule
 from glassformer.training.settings import preset_settings
 

@@ -53,7 +53,7 @@ BEFORE = {
                   epochs=12, max_tokens=2048, lr_factor=0.7, warmup=800, bpe_vocab=6000, **EXTRAS, average=3,
                   tatoeba=True, hsk_repeat=3),
 }
-COMMON = dict(label_smoothing=0.1, cooldown=0.0, word_dropout=0.0,
+COMMON = dict(label_smoothing=0.1, cooldown=0.0, word_dropout=0.0, bpe_dropout=0.0,
               source_pieces=0, hsk_finish=0, max_steps=None, seed=1, limit=None, accumulate=1,
               eval=True, log_every=10, dtype="float32")
 

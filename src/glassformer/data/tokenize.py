@@ -11,9 +11,7 @@ Both sides share the special ids PAD=0, BOS=1, EOS=2, UNK=3 and serialise to JSO
 
 from __future__ import annotations
 
-import json
 import math
-import random
 import re
 import string
 import unicodedata
@@ -397,63 +395,3 @@ class TargetTokenizer:
             raise ValueError(f"not a TargetTokenizer dict: type={data.get('type')!r}")
         return cls.from_str(data["tokenizer"])
 
-
-class PieceDropout:
-    """BPE-dropout (Provilkov et al. 2020) over a trained `TargetTokenizer`: each word of a target sentence is
-    merged again from its characters, every merge that could apply skipped with probability p at each step, so
-    a word is sometimes cut into smaller pieces of the same vocabulary (p = 0: exactly the tokenizer's pieces).
-
-    Works on ids: a word is a piece starting with "▁", or one punctuation mark, with the pieces that follow it
-    (BPE never merges across the pre-tokenizer's cuts). A word holding <unk> stays as it is. `seed` decides the
-    cuts, so the same (ids, p, seed) give the same pieces in every process and after a resume.
-    """
-
-    def __init__(self, tokenizer: TargetTokenizer) -> None:
-        model = json.loads(tokenizer.to_str())["model"]
-        self.ids: dict[str, int] = model["vocab"]                                 # piece -> id
-        self.pieces = {i: piece for piece, i in self.ids.items()}
-        self.ranks = {(tuple(m.split(" ")) if isinstance(m, str) else tuple(m)): rank
-                      for rank, m in enumerate(model["merges"])}                   # (left, right) -> rank
-
-    def words(self, ids: Sequence[int]) -> list[list[int]]:
-        """The ids grouped into the pre-tokenizer's words."""
-        words: list[list[int]] = []
-        after_mark = True
-        for i in ids:
-            piece = self.pieces.get(i, "")
-            mark = len(piece) == 1 and _is_mark(piece)
-            if after_mark or mark or piece.startswith("▁"):
-                words.append([i])
-            else:
-                words[-1].append(i)
-            after_mark = mark
-        return words
-
-    def __call__(self, ids: Sequence[int], p: float, seed: int | str) -> list[int]:
-        rng = random.Random(seed)
-        out: list[int] = []
-        for word in self.words(ids):
-            if UNK in word or len(word) == 1 and len(self.pieces.get(word[0], "")) <= 1:
-                out += word                                                       # nothing to cut
-            else:
-                out += self._merged("".join(self.pieces[i] for i in word), p, rng)
-        return out
-
-    def _merged(self, word: str, p: float, rng: random.Random) -> list[int]:
-        parts = list(word)                                                        # characters, then merges
-        while len(parts) > 1:
-            best = None                                                           # (rank, position)
-            for j in range(len(parts) - 1):
-                rank = self.ranks.get((parts[j], parts[j + 1]))
-                if rank is not None and (best is None or rank < best[0]) and (p <= 0 or rng.random() >= p):
-                    best = (rank, j)
-            if best is None:
-                break
-            j = best[1]
-            parts[j: j + 2] = [parts[j] + parts[j + 1]]
-        return [self.ids[part] for part in parts]
-
-
-def _is_mark(ch: str) -> bool:
-    """A character the target pre-tokenizer cuts off on its own (ASCII or Unicode punctuation)."""
-    return ch in string.punctuation or unicodedata.category(ch).startswith("P")

@@ -1,19 +1,14 @@
-"""The model's own decoding step, compiled ahead of time: `--compile auto|on|off`, the C++ compiler it needs,
-the build, the package's name and the folder packages are kept in.
+"""The model's own decoding step, compiled ahead of time (docs/performance.md): `--compile auto|on|off`, the C++
+compiler it needs, the build, the package's name and the folder packages are kept in.
 
     decoder = CompiledDecoder(model, step, cache_folder(None), notes=print)   # step: decoding/search.py's
     generate(model, src, BeamSearch(4), compiled=decoder)
 
-`torch.export` traces two parts with every size symbolic, AOTInductor builds each into a package (C++ built
-by the system's compiler, the weights inside): `Source`, the model's encoder and each layer's cross-attention
-`project_kv`, once per batch; `Step`, decoding/search.py's `step` (the model's own `decode_step` over a
-KVCache made of the step's inputs, the search's `advance`, the beams' rows), per beam size, over
-`prepare(model, onednn=False, path="glass")`. One package serves every batch, sentence length and step; greedy
-has a second for steps of at most FEW_ROWS rows, built with other inductor settings (FROZEN, FEW below).
-
-A package is named by what it computes: a hash of the exported graph (operations, not source text or
-paths), the weights, the threads its loops are made for, torch and the CPU. A build writes a temporary
-file and renames it; a package that fails to build or to load is one note, then that part runs eagerly.
+`torch.export` traces, every size symbolic, and AOTInductor builds packages: `Source` (the encoder and each layer's
+`project_kv`, once per batch) and `Step` (decoding/search.py's `step` over `prepare(model, onednn=False,
+path="glass")`) per beam size, greedy's also for at most FEW_ROWS rows. A package is named by what it computes (the
+exported graph, the weights, the build's settings, torch, the CPU), written whole or not at all; one that fails to
+build or to load is one note, then that part runs eagerly.
 """
 
 from __future__ import annotations
@@ -39,12 +34,9 @@ AUTO_MIN_SENTENCES = 100       # auto: compile only jobs long enough to win back
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 PACKAGES = "packages"          # below the cache folder: the .pt2 packages
 MAX_LEN = 512                  # longer max_len: decoded eagerly
-MAX_ROWS = 1 << 14             # rows a package accepts (sentences x beam)
-FEW_ROWS = 4                   # a greedy step of at most this many rows runs its own package ("beam1-few")
-# inductor's settings per package (docs/performance.md, measured on the default model, 2 threads): the weights frozen
-# into the graph, so each product runs on oneDNN's pre-blocked weights (greedy batch 32: 1.45x the tokens/s of
-# MKL's products); a greedy step of a few rows on inductor's own C++ GEMM kernels, chosen by timing them at the
-# build (batch 1: 2.5x; at 32 rows they lost to oneDNN)
+MAX_ROWS, FEW_ROWS = 1 << 14, 4   # rows a package accepts (sentences x beam); greedy's "-few" package: at most 4
+# inductor's settings (docs/performance.md, same-process A/B): weights frozen, products on oneDNN's pre-blocked copy
+# (greedy batch 32 1.09-1.12x); steps of a few rows on its C++ GEMM kernels, timed at the build (batch 1 1.3-2.2x)
 FROZEN = {"freezing": True}
 FEW = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
        "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}   # its timings unprinted
@@ -136,10 +128,8 @@ class Step(nn.Module):
 
 
 class CompiledDecoder:
-    """One model's packages: Source, and Step over `step` (decoding/search.py's) per beam size, built or loaded
-    on first use (else, after a note, run eagerly). `threads`: a beam step's loops are made for them, a build per
-    count (measured: built for 2, a beam-4 step of 32 sentences took 0.78x the time of one built for 1; a greedy
-    step built for 2 was slower at batch 1, 671 against 573 us: greedy is built for one; docs/performance.md)."""
+    """One model's packages, built or loaded on first use (else, after a note, run eagerly). `threads`: a beam
+    step's loops are made for them, a build per count; greedy is built for one (measured: docs/performance.md)."""
 
     def __init__(self, model: Transformer, step: Callable, folder: Path, notes: Callable[[str], None] | None = None,
                  threads: int | None = None) -> None:
@@ -187,15 +177,13 @@ class CompiledDecoder:
         return all(self._found(kind, s) is not None for kind, s in (("source", None), *((k, search) for k in kinds)))
 
     def _part(self, kind: str, search, inputs: tuple) -> Callable:
-        """The package of `kind`: found, else traced and named, then loaded or built; should any of that fail,
-        the module itself after one note."""
+        """The package of `kind`: found, else traced, named, built; loaded (on any failure: the module, one note)."""
         if kind in self.parts:
             return self.parts[kind]
         beam, few = 0 if search is None else search.beam, kind.endswith("-few")
         module = Source(self.fast) if search is None else Step(self.fast, self.step_fn, search)
         what = "the source side" if beam == 0 else f"the step for beam {beam}" + (" (a few rows)" if few else "")
-        threads = self.threads if beam > 1 else 1
-        configs = {**(FEW if few else FROZEN), "cpp.threads": threads}
+        configs = {**(FEW if few else FROZEN), "cpp.threads": self.threads if beam > 1 else 1}
         try:
             path = self._found(kind, search)
             if path is None:
@@ -217,15 +205,13 @@ class CompiledDecoder:
             self.parts[kind] = module
         return self.parts[kind]
 
-    def _found(self, kind: str, search) -> Path | None:
-        """The package a trace of the same recipe named before, when it is still there."""
+    def _found(self, kind: str, search) -> Path | None:       # the package the same recipe named, if still there
         note = self._note(kind, search)
         path = note.parent / note.read_text().strip() if note.exists() else note
         return path if path.suffix == ".pt2" and path.exists() else None
 
     def _note(self, kind: str, search) -> Path:
-        """Where the recipe of `kind` names its package: a hash of what goes into a trace (the weights, the code's
-        bytes, not paths, the strategy, the build). A shortcut: a comment edit misses it, a trace finds the package."""
+        """Where the recipe of `kind` (weights, code bytes, strategy, build) names its package: skips a trace."""
         if self._weights is None:
             self._weights = _tensors(hashlib.sha256(), self.model.state_dict()).hexdigest()
         threads = self.threads if search is not None and search.beam > 1 else 1

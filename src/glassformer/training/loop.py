@@ -43,7 +43,7 @@ from ..data.checkpoint import (
     set_rng_state,
     write_json,
 )
-from ..data.tokenize import PieceDropout
+from ..data.pieces import PieceDropout, cut_step
 from ..errors import UsageError
 from ..inference.precision import precision_note
 from ..inference.threads import training_threads
@@ -98,7 +98,7 @@ class Trainer:
         torch.manual_seed(self.settings.seed)
         self.data = prepare_data(self.settings, self.settings.limit, vocab)
         self.examples = self.data.examples          # this epoch's examples (see examples_for)
-        self._pieces: PieceDropout | None = None    # --bpe-dropout's cutter, made on first use
+        self._pieces = PieceDropout(self.data.target)   # --bpe-dropout's cutter
         self.cfg = ModelConfig.from_dict(read_json(self.out / CONFIG)["model"]) if self.resume else ModelConfig(
             **self.settings.model.model_dump(), src_vocab=self.data.source.vocab_size,
             tgt_vocab=self.data.target.vocab_size)
@@ -206,24 +206,13 @@ class Trainer:
         return total if self.settings.max_steps is None or not capped else min(self.settings.max_steps, total)
 
     def step_examples(self, group: list[list[int]]) -> dict[int, Example]:
-        """The examples of every batch in the step, on all ranks; with --bpe-dropout their targets cut again,
-        seeded by (seed, step, example): every rank and a resumed run cut them alike. A target whose cut would
-        pass the model's max_len keeps the tokenizer's pieces."""
-        p, step = self.settings.bpe_dropout, self.state["step"]
-        examples = {i: self.examples[i] for batch in group for i in batch}
+        """The examples of every batch in the step, on all ranks; with --bpe-dropout their targets cut again
+        (data/pieces.py), seeded by (seed, step, example)."""
+        p = self.settings.bpe_dropout
         if p <= 0:
-            return examples
-        if self._pieces is None:
-            self._pieces = PieceDropout(self.data.target)
-        for i, e in examples.items():
-            tgt = self._pieces(e.tgt, p, f"{self.settings.seed}:{step}:{i}")
-            examples[i] = Example(e.src, tgt) if len(tgt) < self.settings.model.max_len else e   # + BOS / EOS
-        return examples
-
-    @staticmethod
-    def step_tokens(examples: dict[int, Example]) -> int:
-        """Non-PAD labels of every batch in the step, on all ranks (known from the shared batch list)."""
-        return sum(len(e.tgt) + 1 for e in examples.values())
+            return {i: self.examples[i] for batch in group for i in batch}
+        return cut_step(self.examples, group, self._pieces, p, f"{self.settings.seed}:{self.state['step']}",
+                        self.settings.model.max_len)
 
     def precision(self):
         """bfloat16: autocast around forward and loss (weights, gradients and Adam stay fp32; the loss
@@ -234,7 +223,7 @@ class Trainer:
         """One optimizer step on this rank's share of `group`: (summed loss over all ranks, tokens, lr)."""
         lr = self.schedule.get_last_lr()[0]
         examples = self.step_examples(group)
-        total = self.step_tokens(examples)
+        total = sum(len(e.tgt) + 1 for e in examples.values())   # non-PAD labels of the step, on all ranks
         self.optimizer.zero_grad(set_to_none=True)
         local = torch.zeros((), dtype=torch.float64)
         share = rank_share(group, self.dist.rank, self.settings.accumulate)
