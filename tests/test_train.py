@@ -269,3 +269,15 @@ def test_bpe_dropout_keeps_the_tokenizers_pieces_where_a_cut_would_pass_max_len(
     cut = trainer.step_examples([[long, short]])
     assert cut[long].tgt == examples[long].tgt              # the cut would pass max_len: the tokenizer's pieces
     assert len(cut[short].tgt) > len(examples[short].tgt)   # cut smaller
+
+
+def test_a_step_whose_group_repeats_a_batch_counts_its_tokens_each_time(tmp_path):
+    """Fewer batches than --accumulate: the step group repeats the batch, and the loss is divided by the tokens
+    of every micro-batch run (a count over distinct examples would inflate the per-token loss)."""
+    from glassformer.training.loop import Trainer
+
+    trainer = Trainer(_args(tmp_path / "run", "--limit", "3", "--accumulate", "3", "--max-steps", "1"))
+    group = trainer.epoch_groups(0)[0]
+    assert len(group) == 3 and group[0] == group[1] == group[2]
+    _, tokens, _ = trainer.step(group)
+    assert tokens == 3 * sum(len(trainer.examples[i].tgt) + 1 for i in group[0])

@@ -394,4 +394,3 @@ class TargetTokenizer:
         if data.get("type") != "TargetTokenizer":
             raise ValueError(f"not a TargetTokenizer dict: type={data.get('type')!r}")
         return cls.from_str(data["tokenizer"])
-

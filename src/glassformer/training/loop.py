@@ -223,7 +223,7 @@ class Trainer:
         """One optimizer step on this rank's share of `group`: (summed loss over all ranks, tokens, lr)."""
         lr = self.schedule.get_last_lr()[0]
         examples = self.step_examples(group)
-        total = sum(len(e.tgt) + 1 for e in examples.values())   # non-PAD labels of the step, on all ranks
+        total = sum(len(examples[i].tgt) + 1 for batch in group for i in batch)   # non-PAD labels, all ranks
         self.optimizer.zero_grad(set_to_none=True)
         local = torch.zeros((), dtype=torch.float64)
         share = rank_share(group, self.dist.rank, self.settings.accumulate)
