@@ -73,6 +73,7 @@ def _translator(args):
     if translator.compile != "off":
         translator.compile_cache = _compile_cache(getattr(args, "compile_cache", None))
         warnings.filterwarnings("ignore", category=FutureWarning)            # torch's own, while tracing
+        warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning)   # inductor's, while tuning
     return translator, DEFAULT_ALPHA if args.alpha is None else args.alpha
 
 
