@@ -155,6 +155,27 @@ def test_the_run_ends_with_the_average_of_its_last_epochs_in_best(tmp_path):
     assert all(torch.equal(latest[k], b[k]) for k in b)
 
 
+def test_a_cooled_run_ends_at_its_last_weights_whatever_an_earlier_dev_score_said(tmp_path, monkeypatch):
+    """--cooldown with --average 1: best/ holds the last (annealed) epoch's weights, not the epoch with the best
+    dev BLEU; without a cool-down best/ stays the best dev epoch. Dev scores are made to fall epoch by epoch."""
+    from safetensors.torch import load_file
+
+    from glassformer.training import loop
+
+    for cooldown, expected in (("0.3", -1), ("0", 0)):
+        scores = iter([30.0, 20.0, 10.0, 5.0])
+        monkeypatch.setattr(loop.Trainer, "evaluate", lambda self, s=scores: {"dev_bleu": next(s), "dev_chrf": 1.0})
+        out = tmp_path / f"run-{cooldown}"
+        assert train(_args(out, "--epochs", "3", "--average", "1", "--cooldown", cooldown, "--keep", "3")) == 0
+        names = read_json(out / "state.json")["checkpoints"]
+        assert len(names) == 3
+        best = load_file(out / "best" / "model.safetensors")
+        chosen = load_file(out / "checkpoints" / names[expected] / "model.safetensors")
+        other = load_file(out / "checkpoints" / names[-1 - expected] / "model.safetensors")
+        assert all(torch.equal(best[k], chosen[k]) for k in best)
+        assert not all(torch.equal(best[k], other[k]) for k in best)
+
+
 @pytest.mark.slow
 def test_bfloat16_training_keeps_fp32_weights_and_adam_state_and_a_close_loss(tmp_path):
     """--dtype bfloat16: autocast around forward and loss only. After 8 steps the weights and Adam's moments

@@ -332,7 +332,7 @@ class Trainer:
                           "(continue with --resume)", file=sys.stderr)
                 self.dist.close()
                 return 130
-            if self.state["epoch"] >= self.settings.epochs and self.settings.average > 1:
+            if self.state["epoch"] >= self.settings.epochs and (self.settings.average > 1 or self.settings.cooldown):
                 self.average_last()
         if self.dist.main:
             self.summary()
@@ -360,14 +360,13 @@ class Trainer:
         self._new_window()
 
     def average_last(self) -> None:
-        """Average the last K epoch checkpoints into best/: the run's model (its dev score is logged).
-
-        Averaging is kept whatever one dev score says: on 232 short dev sentences single epochs differ
-        by a BLEU point by chance, while the average of the last epochs is the steadier model."""
+        """Average the last K epoch checkpoints into best/: the run's model (its dev score is logged); K = 1
+        with a cool-down: the last, annealed weights. Kept whatever one dev score says: on 232 short dev
+        sentences single epochs differ by a BLEU point by chance (docs/translator.md)."""
         if not self.dist.main:
             return
         names = self.state.get("checkpoints", [])[-self.settings.average:]
-        if len(names) < 2:
+        if not names:
             return
         paths = [self.out / "checkpoints" / n / "model.safetensors" for n in names]
         latest = {k: v.clone() for k, v in self.model.state_dict().items()}
@@ -376,7 +375,7 @@ class Trainer:
         record = {"kind": "average", "checkpoints": names, **(scores or {})}
         self.log(record)
         self.state["best_bleu"] = scores["dev_bleu"] if scores else None
-        self.state["best_step"] = f"average of {names}"
+        self.state["best_step"] = f"average of {names}" if len(names) > 1 else names[0]
         save_best(self.out, self.model, {**self.state, "dev": scores, "averaged": names})
         write_json(self.out / STATE, {**self.state, "rng": rng_state()})
         self.model.load_state_dict(latest)

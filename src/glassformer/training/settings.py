@@ -66,7 +66,8 @@ class TrainSettings(Schema):
     bpe_vocab: int = knob(4000, "target BPE vocabulary size", gt=0, le=MAX_VOCAB)
     glosses: bool = knob(False, "add CC-CEDICT glosses of the source words as word-level pairs")
     source_units: Literal["raw", "gold"] = knob("raw", "train on the raw-text segmentation or the corpus's")
-    average: int = knob(1, "average the last K epoch checkpoints at the end", resume=True, gt=0)
+    average: int = knob(1, "average the last K epoch checkpoints into best/ at the end (1: best/ holds the best "
+                           "dev epoch, or with --cooldown the last one)", resume=True, gt=0)
     char_fallback: bool = knob(False, "characters as source units too: unknown words read as characters")
     tatoeba: bool = knob(False, "add the Tatoeba training pairs")
     hsk_repeat: int = knob(1, "each HSK training pair this many times per epoch", gt=0)
