@@ -212,7 +212,8 @@ def test_compiled_packages_give_the_models_tokens_and_a_second_decoder_builds_no
     again: list[str] = []
     second = CompiledDecoder(model, step, package_folder, again.append, threads=2)
     assert second.built(Greedy()) and second.built(BeamSearch(2)) and not second.built(BeamSearch(3))
-    assert not CompiledDecoder(model, step, package_folder, threads=1).built(BeamSearch(2))   # built for 2
+    for search in (Greedy(), BeamSearch(2)):                                 # built for 2 threads, not for 1
+        assert not CompiledDecoder(model, step, package_folder, threads=1).built(search)
     export = torch.export.export
     try:
         torch.export.export = None                                           # found without a trace

@@ -128,8 +128,8 @@ class Step(nn.Module):
 
 
 class CompiledDecoder:
-    """One model's packages, built or loaded on first use (else, after a note, run eagerly). `threads`: a beam
-    step's loops are made for them, a build per count; greedy is built for one (measured: docs/performance.md)."""
+    """One model's packages, built or loaded on first use (else, after a note, run eagerly). `threads`: a step's
+    loops are made for them, a build per count; the source side and the few-row step for one (docs/performance.md)."""
 
     def __init__(self, model: Transformer, step: Callable, folder: Path, notes: Callable[[str], None] | None = None,
                  threads: int | None = None) -> None:
@@ -183,7 +183,7 @@ class CompiledDecoder:
         beam, few = 0 if search is None else search.beam, kind.endswith("-few")
         module = Source(self.fast) if search is None else Step(self.fast, self.step_fn, search)
         what = "the source side" if beam == 0 else f"the step for beam {beam}" + (" (a few rows)" if few else "")
-        configs = {**(FEW if few else FROZEN), "cpp.threads": self.threads if beam > 1 else 1}
+        configs = {**(FEW if few else FROZEN), "cpp.threads": 1 if beam == 0 or few else self.threads}
         try:
             path = self._found(kind, search)
             if path is None:
@@ -214,7 +214,7 @@ class CompiledDecoder:
         """Where the recipe of `kind` (weights, code bytes, strategy, build) names its package: skips a trace."""
         if self._weights is None:
             self._weights = _tensors(hashlib.sha256(), self.model.state_dict()).hexdigest()
-        threads = self.threads if search is not None and search.beam > 1 else 1
+        threads = 1 if search is None or kind.endswith("-few") else self.threads
         root = Path(__file__).resolve().parents[1]
         h = hashlib.sha256(json.dumps([self._weights, repr(self.model.cfg), _machine(threads),
                                        type(search).__module__, type(search).__qualname__]).encode())
