@@ -23,10 +23,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         epochs=40, lr_factor=0.5, warmup=400, bpe_vocab=2000, glosses=True, char_fallback=True, average=5,
         note="HSK pairs only (the former default): about 7 minutes on 2 idle CPU cores"),
     "default": dict(
-        epochs=11, cooldown=0.3, char_fallback=True, tatoeba=True, hsk_repeat=3, average=3,
-        note="the demo model: HSK x3 + Tatoeba, 11 epochs, the learning rate cooled to zero over the last 30 % of "
-             "steps, the last 3 epochs averaged; 8,276 steps, fewer than the former recipe's 8,350 "
-             "(26 minutes on 2 AMD EPYC cores with AVX2)"),
+        model=dict(d_model=192, d_ff=768),
+        epochs=8, cooldown=0.3, char_fallback=True, tatoeba=True, hsk_repeat=3, average=1,
+        note="the demo model: d 192, HSK x3 + Tatoeba, 8 epochs, the learning rate cooled to zero over the last 30 % "
+             "of steps, the last weights kept; 6,021 steps, about 26 minutes on 2 cores with --compile (make demo's), "
+             "longer without"),
     "large": dict(
         model=dict(d_model=256, d_ff=1024, encoder_layers=3, decoder_layers=3),
         epochs=12, max_tokens=2048, bpe_vocab=6000, glosses=True, char_fallback=True, tatoeba=True, hsk_repeat=3,
