@@ -262,3 +262,33 @@ def test_a_package_that_fails_to_load_decodes_eagerly_after_one_note(monkeypatch
     _same(out, generate(model, src, BeamSearch(2), max_len=9))
     failed = [n for n in notes if "failed" in n]
     assert len(failed) == 2 and all("decoding eagerly" in n and "\n" not in n for n in failed), notes
+
+
+def test_a_many_row_step_is_made_for_a_batchs_sizes_and_named_by_them(monkeypatch, tmp_path):
+    """inductor decides from the example's sizes which loops its threads share: a step of many rows is traced at a
+    batch's (TYPICAL: 32 sentences, 32 x beam rows), the source side and greedy's few-row step at 2-3; a package's
+    name hashes the sizes it was made for."""
+    built, export = [], torch.export.export
+
+    def recording(module, example, **kw):
+        built.append((type(module).__name__, getattr(getattr(module, "search", None), "beam", 0),
+                      example[0].size(0), example[0].dtype))
+        return export(module, example, **kw)
+
+    monkeypatch.setattr(torch.export, "export", recording)
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package",
+                        lambda program, package_path, **kw: Path(package_path).write_bytes(b"not a package"))
+    model = eos_likely(d_ff=88)
+    decoder = CompiledDecoder(model, step, tmp_path, threads=2)
+    for search, src in ((Greedy(), sources(batch=7)), (Greedy(), sources(batch=1)), (BeamSearch(2), sources(batch=7))):
+        _same(generate(model, src, search, max_len=20, compiled=decoder), generate(model, src, search, max_len=20))
+    slots = compiler.TYPICAL["slots"]
+    assert sorted(built[1:]) == sorted([("Step", 1, slots, torch.long), ("Step", 1, 2, torch.long),
+                                        ("Step", 2, 2 * slots, torch.long)]), built
+    assert built[0][:3] == ("Source", 0, 2)
+    example, dynamic = compiler._shapes((sources(2), sources(2) == 0, torch.tensor([0, 1])), 0, model.cfg.max_len)
+    program = export(compiler.Source(decoder.fast), example, dynamic_shapes=dynamic)
+    configs = {**compiler.FROZEN, "cpp.threads": 1}
+    small, large = (torch.zeros(2, 3),), (torch.zeros(32, 3),)
+    assert compiler.package_name(program, configs, small) != compiler.package_name(program, configs, large)
+    assert compiler.package_name(program, configs, small) == compiler.package_name(program, configs, small)

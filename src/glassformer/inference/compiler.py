@@ -4,11 +4,10 @@ compiler it needs, the build, the package's name and the folder packages are kep
     decoder = CompiledDecoder(model, step, cache_folder(None), notes=print)   # step: decoding/search.py's
     generate(model, src, BeamSearch(4), compiled=decoder)
 
-`torch.export` traces, every size symbolic, and AOTInductor builds packages: `Source` (the encoder and each layer's
-`project_kv`, once per batch) and `Step` (decoding/search.py's `step` over `prepare(model, onednn=False,
-path="glass")`) per beam size, greedy's also for at most FEW_ROWS rows. A package is named by what it computes (the
-exported graph, the weights, the build's settings, torch, the CPU), written whole or not at all; one that fails to
-build or to load is one note, then that part runs eagerly.
+`torch.export` traces (every size symbolic), AOTInductor builds packages: `Source` (the encoder, each layer's
+`project_kv`; once per batch), `Step` (search.py's `step` over `prepare(model, onednn=False, path="glass")`) per beam
+size, greedy's also for at most FEW_ROWS rows. A package is named by what it computes (graph, weights, settings,
+torch, CPU), written whole or not at all; one that fails to build or load is one note, then that part runs eagerly.
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 PACKAGES = "packages"          # below the cache folder: the .pt2 packages
 MAX_LEN = 512                  # longer max_len: decoded eagerly
 MAX_ROWS, FEW_ROWS = 1 << 14, 4   # rows a package accepts (sentences x beam); greedy's "-few" package: at most 4
+TYPICAL = {"slots": 32, "source": 12, "positions": 47, "limit": 34}   # a batch's sizes: a many-row step's build
 # inductor's settings (docs/performance.md, same-process A/B): weights frozen, products on oneDNN's pre-blocked copy
 # (greedy batch 32 1.09-1.12x); steps of a few rows on its C++ GEMM kernels, timed at the build (batch 1 1.3-2.2x)
 FROZEN = {"freezing": True}
@@ -45,12 +45,8 @@ _USER_FOLDER = os.environ.get(CACHE_ENV)   # the user's choice, read before indu
 
 def cxx_compiler() -> str | None:
     """The C++ compiler inductor would use ($CXX, else c++ / g++ / clang++ on PATH), or None."""
-    names = [os.environ["CXX"]] if os.environ.get("CXX") else []
-    for name in (*names, "c++", "g++", "clang++"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
+    names = ([os.environ["CXX"]] if os.environ.get("CXX") else []) + ["c++", "g++", "clang++"]
+    return next(filter(None, map(shutil.which, names)), None)
 
 
 def compile_mode(requested: str, sentences: int, built: Callable[[], bool] = lambda: False) -> tuple[bool, str | None]:
@@ -187,10 +183,10 @@ class CompiledDecoder:
         try:
             path = self._found(kind, search)
             if path is None:
-                example, dynamic = _shapes(inputs, beam, self.model.cfg.max_len, FEW_ROWS if few else MAX_ROWS)
+                example, dynamic = _shapes(inputs, beam, self.model.cfg.max_len, few)
                 with torch.no_grad():
                     program = torch.export.export(module, example, dynamic_shapes=dynamic)
-                path = self.folder / PACKAGES / f"{kind}-{package_name(program, configs)}.pt2"
+                path = self.folder / PACKAGES / f"{kind}-{package_name(program, configs, example)}.pt2"
                 if not path.exists():
                     self.notes(f"--compile: building {what} (once per model; later runs load it from {path.parent})")
                     began = time.perf_counter()
@@ -239,11 +235,12 @@ def _machine(threads: int) -> dict:
             "machine": platform.machine(), "threads": threads}
 
 
-def package_name(program: torch.export.ExportedProgram, configs: dict) -> str:
+def package_name(program: torch.export.ExportedProgram, configs: dict, example: tuple = ()) -> str:
     """A hash of what a package computes: the exported graph (operations and their arguments; no source lines
     or paths), its symbolic sizes' ranges, its weights and constants, the build's inductor settings (threads
-    included), torch and the CPU."""
-    h = hashlib.sha256(json.dumps([_machine(configs["cpp.threads"]), sorted(configs.items())]).encode())
+    included) and the example's sizes it was made for, torch and the CPU."""
+    sizes = [list(t.shape) for x in example for t in (x if isinstance(x, list) else [x])]
+    h = hashlib.sha256(json.dumps([_machine(configs["cpp.threads"]), sorted(configs.items()), sizes]).encode())
     h.update(str(program.graph).encode())
     h.update(str(sorted((str(k), str(v)) for k, v in program.range_constraints.items())).encode())
     return _tensors(h, {**program.state_dict, **program.constants}).hexdigest()[:24]
@@ -258,27 +255,30 @@ def _tensors(h, named: dict):
 
 
 def _load(path: Path) -> Callable:
-    """A package as a function of tensors and lists of tensors -> a flat tuple: the C++ loader aoti_load_package
-    builds (no inductor import: 1.5 s), one flat list a call (its own __call__ cost a fifth of a batch-1 step)."""
+    """A package as a function of tensors and lists of tensors -> a flat tuple, on the C++ loader (performance.md)."""
     runner = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
     return lambda *inputs: tuple(runner.boxed_run([t for x in inputs for t in (x if isinstance(x, list) else (x,))]))
 
 
-def _shapes(inputs: tuple, beam: int, max_len: int, max_rows: int = MAX_ROWS) -> tuple[tuple, tuple]:
-    """Inputs like `inputs` (Source's for beam 0, else Step's) with every symbolic size 2 or 3 (above 1: tracing
-    keeps it symbolic), and those sizes for torch.export: sentences or slots, rows (slots x beam, at most
-    `max_rows`), source positions, the output limit (the history's width), self-attention positions."""
+def _shapes(inputs: tuple, beam: int, max_len: int, few: bool = False) -> tuple[tuple, tuple]:
+    """Inputs like `inputs` (Source's for beam 0, else Step's) with every size symbolic, and those sizes for
+    torch.export: sentences or slots, rows (slots x beam; `few`: at most FEW_ROWS), source positions, the output
+    limit, self-attention positions. The example's sizes are above 1 (tracing keeps them symbolic): 2 or 3, but a
+    many-row step's are a batch's (TYPICAL), the sizes from which inductor decides which loops threads share."""
     Dim = torch.export.Dim
-    source = (3, Dim("source", min=1, max=max_len))
+    typical = beam > 0 and not few
+    n = {k: max(2, min(v, max_len - 1)) for k, v in TYPICAL.items()} if typical else dict.fromkeys(TYPICAL, 2)
+    source = (n["source"] + 1, Dim("source", min=1, max=max_len))
     if beam == 0:
-        sentences = (2, Dim("sentences", min=1, max=MAX_ROWS))
-        specs = [{0: sentences, 1: source}] * 2 + [{0: (3, Dim("rows", min=1, max=MAX_ROWS))}]
+        sentences = (n["slots"], Dim("sentences", min=1, max=MAX_ROWS))
+        specs = [{0: sentences, 1: source}] * 2 + [{0: (n["slots"] + 1, Dim("rows", min=1, max=MAX_ROWS))}]
     else:
-        slots = Dim("slots", min=1, max=max_rows // beam)
-        slot, rows = (2, slots), (2 * beam, slots if beam == 1 else beam * slots)
-        positions = (3, Dim("positions", min=1, max=max_len + GROW))
-        specs = [{0: rows}, *[{0: slot}] * 4, {0: rows, 1: (3, Dim("limit", min=1, max=max_len))}, {}, {},
-                 {0: rows, 1: source}, *[{0: rows, 2: positions}] * 2, *[{0: rows, 2: source}] * 2]
+        slots = Dim("slots", min=1, max=(FEW_ROWS if few else MAX_ROWS) // beam)
+        slot, rows = (n["slots"], slots), (n["slots"] * beam, slots if beam == 1 else beam * slots)
+        positions = (n["positions"] + 1, Dim("positions", min=1, max=max_len + GROW))
+        limit = (n["limit"] + 1, Dim("limit", min=1, max=max_len))
+        specs = [{0: rows}, *[{0: slot}] * 4, {0: rows, 1: limit}, {}, {}, {0: rows, 1: source},
+                 *[{0: rows, 2: positions}] * 2, *[{0: rows, 2: source}] * 2]
 
     def like(t, spec: dict):
         if isinstance(t, list):
@@ -288,8 +288,8 @@ def _shapes(inputs: tuple, beam: int, max_len: int, max_rows: int = MAX_ROWS) ->
     def dims(t, spec: dict):
         return [dims(x, spec) for x in t] if isinstance(t, list) else {d: s[1] for d, s in spec.items()} or None
     example = [like(t, spec) for t, spec in zip(inputs, specs, strict=True)]
-    if beam == 0:
-        example[0], example[2] = example[0] + 5, torch.tensor([0, 1, 1])   # ids; the rows' sentences
+    if beam == 0:                                                            # ids; the rows' sentences
+        example[0], example[2] = example[0] + 5, torch.arange(n["slots"] + 1) % n["slots"]
     else:
         example[2] = example[2] + 3                                          # output limits
     return tuple(example), tuple(dims(t, spec) for t, spec in zip(inputs, specs, strict=True))
