@@ -294,17 +294,18 @@ def _finish(advance: Advance, slots: Slots, length: int, sentence: list[int], fi
     new `worst` and the sentences now done."""
     worst = slots.worst
     ended = advance.ended.nonzero().tolist()                                 # [(slot, rank)], best first per slot
-    if ended:
-        worst = worst.clone()
-        K = slots.scores.size(1)
+    if ended:                                                                # host lists: one copy each, not a
+        K, worsts = slots.scores.size(1), worst.tolist()                     # tensor op per hypothesis
         scores, tokens, parents = (t.tolist() for t in (advance.ranked, advance.ranked_tokens, advance.ranked_parents))
+        history = slots.history[:, : length - 1].tolist()                    # (slots*K, length - 1)
         for slot, c in ended:
             score, token = scores[slot][c], tokens[slot][c]
-            ids = slots.history[slot * K + parents[slot][c], : length - 1].tolist()
+            ids = history[slot * K + parents[slot][c]]
             hyp = Hypothesis(ids + ([] if token == eos else [token]), score,
                              length_normalized(score, length, alpha), finished=token == eos)
-            worst[slot] = finished[sentence[slot]].add(hyp)
+            worsts[slot] = finished[sentence[slot]].add(hyp)
             finished[sentence[slot]].top |= c == 0                           # the step's best candidate ended
+        worst = torch.tensor(worsts, dtype=worst.dtype, device=worst.device)
     done = advance.done | (slots.live & (advance.bound <= worst))
     if stop == "top":                                                        # and n hypotheses are in
         top = torch.tensor([s >= 0 and finished[s].top for s in sentence], device=worst.device)

@@ -135,6 +135,7 @@ class CompiledDecoder:
         for embed in (self.fast.src_embed, self.fast.tgt_embed):
             if embed.sinusoidal:                                             # its table made before any tracing
                 embed.position_table(torch.float32, embed.token.weight.device)
+        self.selfs = [layer.self_attention for layer in self.fast.decoder.layers]
         self.threads = threads or torch.get_num_threads()
         self.positions = tuple(torch.tensor(i) for i in range(model.cfg.max_len))   # 0-dim: a step's `pos`
         self.parts: dict[str, Callable] = {}                                 # "source" / "beam4" -> package
@@ -150,20 +151,19 @@ class CompiledDecoder:
 
     def step(self, cache: KVCache, search, slots: tuple, length: int, alpha: Tensor, src_pad: Tensor) -> tuple:
         """The step that makes `length` tokens: the fields of an `Advance`; the cache takes the new buffers."""
-        selfs = [layer.self_attention for layer in self.fast.decoder.layers]
         if not cache.k:                                                      # the first step: zeroed buffers
             k = next(iter(cache.cross.values()))[0]
-            for a in selfs:
+            for a in self.selfs:
                 cache.k[a] = k.new_zeros(k.size(0), a.heads, cache.capacity, a.d_k)
                 cache.v[a] = k.new_zeros(k.size(0), a.heads, cache.capacity, a.d_v)
         cache.reserve(1)
-        inputs = (*slots, self.positions[length - 1], alpha, src_pad, [cache.k[a] for a in selfs],
-                  [cache.v[a] for a in selfs], *([kv[i] for kv in cache.cross.values()] for i in (0, 1)))
+        inputs = (*slots, self.positions[length - 1], alpha, src_pad, [cache.k[a] for a in self.selfs],
+                  [cache.v[a] for a in self.selfs], *([kv[i] for kv in cache.cross.values()] for i in (0, 1)))
         few = search.beam == 1 and slots[0].size(0) <= FEW_ROWS
         out = self._part(f"beam{search.beam}" + ("-few" if few else ""), search, inputs)(*inputs)
-        n, layers = len(out) - 2 * len(selfs), len(selfs)
-        cache.k = dict(zip(selfs, out[n: n + layers], strict=True))
-        cache.v = dict(zip(selfs, out[n + layers:], strict=True))
+        n, layers = len(out) - 2 * len(self.selfs), len(self.selfs)
+        cache.k = dict(zip(self.selfs, out[n: n + layers], strict=True))
+        cache.v = dict(zip(self.selfs, out[n + layers:], strict=True))
         cache.advance(1)
         return out[:n]
 
