@@ -132,15 +132,13 @@ class CompiledDecoder:
         self.model, self.step_fn, self.folder, self.notes = model, step, folder, notes or (lambda line: None)
         # traced: W^T products, attention written out (inductor fuses it; SDPA stays an extern call per layer)
         self.fast = prepare(model, onednn=False, path="glass", direct=False)
-        for embed in (self.fast.src_embed, self.fast.tgt_embed):
-            if embed.sinusoidal:                                             # its table made before any tracing
-                embed.position_table(torch.float32, embed.token.weight.device)
+        for embed in [e for e in (self.fast.src_embed, self.fast.tgt_embed) if e.sinusoidal]:   # before tracing
+            embed.position_table(torch.float32, embed.token.weight.device)
         self.selfs = [layer.self_attention for layer in self.fast.decoder.layers]
         self.threads = threads or torch.get_num_threads()
         self.positions = tuple(torch.tensor(i) for i in range(model.cfg.max_len))   # 0-dim: a step's `pos`
         self.parts: dict[str, Callable] = {}                                 # "source" / "beam4" -> package
-        self.paths: dict[str, Path] = {}                                     # ... and where it is kept
-        self._weights: str | None = None                                     # their hash, once (_recipe)
+        self._weights: str | None = None                                     # their hash, once (_note)
 
     def source(self, cache: KVCache, src: Tensor, src_pad: Tensor, index: Tensor) -> None:
         """Each decoder layer's cross-attention K/V for the rows `index`, into `cache`."""
@@ -179,7 +177,7 @@ class CompiledDecoder:
         beam, few = 0 if search is None else search.beam, kind.endswith("-few")
         module = Source(self.fast) if search is None else Step(self.fast, self.step_fn, search)
         what = "the source side" if beam == 0 else f"the step for beam {beam}" + (" (a few rows)" if few else "")
-        configs = {**(FEW if few else FROZEN), "cpp.threads": 1 if beam == 0 or few else self.threads}
+        configs = self._configs(kind)
         try:
             path = self._found(kind, search)
             if path is None:
@@ -194,12 +192,17 @@ class CompiledDecoder:
                         program, package_path=str(partial), inductor_configs=configs))
                     self.notes(f"--compile: built in {time.perf_counter() - began:.1f} s")
                 _written(self._note(kind, search), lambda partial: partial.write_text(path.name))
-            self.paths[kind], self.parts[kind] = path, _load(path)
+            self.parts[kind] = _load(path)
         except Exception as error:                                           # no working toolchain, a bad package
             first = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
             self.notes(f"compiling {what} failed ({type(error).__name__}: {first}); decoding eagerly")
             self.parts[kind] = module
         return self.parts[kind]
+
+    def _configs(self, kind: str) -> dict:
+        """inductor's settings for `kind`; the source side and the few-row step are built for one thread."""
+        few = kind.endswith("-few")
+        return {**(FEW if few else FROZEN), "cpp.threads": 1 if kind == "source" or few else self.threads}
 
     def _found(self, kind: str, search) -> Path | None:       # the package the same recipe named, if still there
         note = self._note(kind, search)
@@ -210,10 +213,10 @@ class CompiledDecoder:
         """Where the recipe of `kind` (weights, code bytes, strategy, build) names its package: skips a trace."""
         if self._weights is None:
             self._weights = _tensors(hashlib.sha256(), self.model.state_dict()).hexdigest()
-        threads = 1 if search is None or kind.endswith("-few") else self.threads
-        root = Path(__file__).resolve().parents[1]
-        h = hashlib.sha256(json.dumps([self._weights, repr(self.model.cfg), _machine(threads),
-                                       type(search).__module__, type(search).__qualname__]).encode())
+        configs, root = self._configs(kind), Path(__file__).resolve().parents[1]
+        h = hashlib.sha256(json.dumps([self._weights, repr(self.model.cfg), _machine(configs["cpp.threads"]),
+                                       sorted(configs.items()), type(search).__module__,
+                                       type(search).__qualname__]).encode())
         for name in sorted([*root.glob("model/*.py"), *root.glob("inference/*.py"), *root.glob("decoding/*.py")]):
             h.update(name.read_bytes())
         return self.folder / PACKAGES / f"{kind}-{h.hexdigest()[:24]}.name"

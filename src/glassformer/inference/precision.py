@@ -119,10 +119,9 @@ class BFloat16Linear(nn.Module):
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        with torch.no_grad():
-            self.register_buffer("weight", linear.weight.detach().to(torch.bfloat16))     # (out, in)
-            bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
-            self.register_buffer("bias", bias)                                          # (out,) or None
+        self.register_buffer("weight", linear.weight.detach().to(torch.bfloat16))         # (out, in)
+        bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+        self.register_buffer("bias", bias)                                              # (out,) or None
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x.to(torch.bfloat16), self.weight, self.bias).to(x.dtype)       # (..., out)
@@ -173,9 +172,7 @@ def with_precision(model: nn.Module, dtype: str, note: bool = True) -> nn.Module
         raise UsageError(f"dtype: int8 decoding runs on the CPU, the model is on {device.type}", "dtype")
     if note and device.type == "cpu":
         _note_once(dtype)
-    copied = copy.deepcopy(model).eval()
-    for p in copied.parameters():
-        p.requires_grad_(False)
+    copied = copy.deepcopy(model).eval().requires_grad_(False)
     if dtype == "bfloat16":
         _swap_linears(copied, BFloat16Linear)
     else:
