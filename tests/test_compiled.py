@@ -267,7 +267,7 @@ def test_a_package_that_fails_to_load_decodes_eagerly_after_one_note(monkeypatch
 def test_a_many_row_step_is_made_for_a_batchs_sizes_and_named_by_them(monkeypatch, tmp_path):
     """inductor decides from the example's sizes which loops its threads share: a step of many rows is traced at a
     batch's (TYPICAL: 32 sentences, 32 x beam rows), the source side and greedy's few-row step at 2-3; a package's
-    name hashes the sizes it was made for."""
+    name hashes the sizes it was made for. Every step is built for the decoder's threads, the source side for one."""
     built, export = [], torch.export.export
 
     def recording(module, example, **kw):
@@ -275,9 +275,14 @@ def test_a_many_row_step_is_made_for_a_batchs_sizes_and_named_by_them(monkeypatc
                       example[0].size(0), example[0].dtype))
         return export(module, example, **kw)
 
+    threads = []
+
+    def building(program, package_path, inductor_configs):
+        threads.append(inductor_configs["cpp.threads"])
+        Path(package_path).write_bytes(b"not a package")
+
     monkeypatch.setattr(torch.export, "export", recording)
-    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package",
-                        lambda program, package_path, **kw: Path(package_path).write_bytes(b"not a package"))
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", building)
     model = eos_likely(d_ff=88)
     decoder = CompiledDecoder(model, step, tmp_path, threads=2)
     for search, src in ((Greedy(), sources(batch=7)), (Greedy(), sources(batch=1)), (BeamSearch(2), sources(batch=7))):
@@ -286,6 +291,7 @@ def test_a_many_row_step_is_made_for_a_batchs_sizes_and_named_by_them(monkeypatc
     assert sorted(built[1:]) == sorted([("Step", 1, slots, torch.long), ("Step", 1, 2, torch.long),
                                         ("Step", 2, 2 * slots, torch.long)]), built
     assert built[0][:3] == ("Source", 0, 2)
+    assert threads == [1, 2, 2, 2]             # the source side for one thread, every step for the decoder's two
     example, dynamic = compiler._shapes((sources(2), sources(2) == 0, torch.tensor([0, 1])), 0, model.cfg.max_len)
     program = export(compiler.Source(decoder.fast), example, dynamic_shapes=dynamic)
     configs = {**compiler.FROZEN, "cpp.threads": 1}

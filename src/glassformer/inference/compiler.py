@@ -125,7 +125,7 @@ class Step(nn.Module):
 
 class CompiledDecoder:
     """One model's packages, built or loaded on first use (else, after a note, run eagerly). `threads`: a step's
-    loops are made for them, a build per count; the source side and the few-row step for one (docs/performance.md)."""
+    loops are made for them, a build per count; the source side's for one (docs/performance.md)."""
 
     def __init__(self, model: Transformer, step: Callable, folder: Path, notes: Callable[[str], None] | None = None,
                  threads: int | None = None) -> None:
@@ -200,9 +200,9 @@ class CompiledDecoder:
         return self.parts[kind]
 
     def _configs(self, kind: str) -> dict:
-        """inductor's settings for `kind`; the source side and the few-row step are built for one thread."""
-        few = kind.endswith("-few")
-        return {**(FEW if few else FROZEN), "cpp.threads": 1 if kind == "source" or few else self.threads}
+        """inductor's settings for `kind`: a step's loops for the decoder's threads, the source side's for one
+        (measured: docs/performance.md)."""
+        return {**(FEW if kind.endswith("-few") else FROZEN), "cpp.threads": 1 if kind == "source" else self.threads}
 
     def _found(self, kind: str, search) -> Path | None:       # the package the same recipe named, if still there
         note = self._note(kind, search)
