@@ -6,8 +6,8 @@ compiler it needs, the build, the package's name and the folder packages are kep
 
 `torch.export` traces (every size symbolic), AOTInductor builds packages: `Source` (the encoder, each layer's
 `project_kv`; once per batch), `Step` (search.py's `step` over `prepare(model, onednn=False, path="glass")`) per beam
-size, greedy's also for at most FEW_ROWS rows. A package is named by what it computes (graph, weights, settings,
-torch, CPU), written whole or not at all; one that fails to build or load is one note, then that part runs eagerly.
+size; the source side and greedy's step also for at most FEW_ROWS rows. Packages are named by what they compute,
+written whole or not at all; one that fails to build or load is one note, then that part runs eagerly.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ AUTO_MIN_SENTENCES = 100       # auto: compile only jobs long enough to win back
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 PACKAGES = "packages"          # below the cache folder: the .pt2 packages
 MAX_LEN = 512                  # longer max_len: decoded eagerly
-MAX_ROWS, FEW_ROWS = 1 << 14, 4   # rows a package accepts (sentences x beam); greedy's "-few" package: at most 4
+MAX_ROWS, FEW_ROWS = 1 << 14, 4   # rows a package accepts (sentences x beam); a "-few" package: at most 4
 TYPICAL = {"slots": 32, "source": 12, "positions": 47, "limit": 34}   # a batch's sizes: a many-row step's build
 # inductor's settings (docs/performance.md, same-process A/B): weights frozen, products on oneDNN's pre-blocked copy
-# (greedy batch 32 1.09-1.12x); steps of a few rows on its C++ GEMM kernels, timed at the build (batch 1 1.3-2.2x)
+# (greedy batch 32 1.09-1.12x); a few rows on its C++ GEMM kernels, timed at the build (batch 1 1.2-2.2x)
 FROZEN = {"freezing": True}
 FEW = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
        "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}   # its timings unprinted
@@ -143,7 +143,7 @@ class CompiledDecoder:
     def source(self, cache: KVCache, src: Tensor, src_pad: Tensor, index: Tensor) -> None:
         """Each decoder layer's cross-attention K/V for the rows `index`, into `cache`."""
         inputs = (src, src_pad, index)
-        out = self._part("source", None, inputs)(*inputs)
+        out = self._part("source" + ("-few" if src.size(0) <= FEW_ROWS else ""), None, inputs)(*inputs)
         layers = [layer.cross_attention for layer in self.fast.decoder.layers]
         cache.cross = {a: (k, v) for a, k, v in zip(layers, out[:len(layers)], out[len(layers):], strict=True)}
 
@@ -160,15 +160,15 @@ class CompiledDecoder:
         few = search.beam == 1 and slots[0].size(0) <= FEW_ROWS
         out = self._part(f"beam{search.beam}" + ("-few" if few else ""), search, inputs)(*inputs)
         n, layers = len(out) - 2 * len(self.selfs), len(self.selfs)
-        cache.k = dict(zip(self.selfs, out[n: n + layers], strict=True))
-        cache.v = dict(zip(self.selfs, out[n + layers:], strict=True))
+        cache.k, cache.v = (dict(zip(self.selfs, out[i: i + layers], strict=True)) for i in (n, n + layers))
         cache.advance(1)
         return out[:n]
 
     def built(self, search) -> bool:
-        """Whether the source side and the steps of `search` were built before (no trace: their recipes' notes)."""
+        """Whether both source sides and the steps of `search` were built before (no trace: their recipes' notes)."""
         kinds = [f"beam{search.beam}"] + (["beam1-few"] if search.beam == 1 else [])
-        return all(self._found(kind, s) is not None for kind, s in (("source", None), *((k, search) for k in kinds)))
+        return all(self._found(k, s) is not None for k, s in (("source", None), ("source-few", None),
+                                                              *((k, search) for k in kinds)))
 
     def _part(self, kind: str, search, inputs: tuple) -> Callable:
         """The package of `kind`: found, else traced, named, built; loaded (on any failure: the module, one note)."""
@@ -176,7 +176,7 @@ class CompiledDecoder:
             return self.parts[kind]
         beam, few = 0 if search is None else search.beam, kind.endswith("-few")
         module = Source(self.fast) if search is None else Step(self.fast, self.step_fn, search)
-        what = "the source side" if beam == 0 else f"the step for beam {beam}" + (" (a few rows)" if few else "")
+        what = ("the source side" if beam == 0 else f"the step for beam {beam}") + (" (a few rows)" if few else "")
         configs = self._configs(kind)
         try:
             path = self._found(kind, search)
@@ -200,9 +200,9 @@ class CompiledDecoder:
         return self.parts[kind]
 
     def _configs(self, kind: str) -> dict:
-        """inductor's settings for `kind`: a step's loops for the decoder's threads, the source side's for one
-        (measured: docs/performance.md)."""
-        return {**(FEW if kind.endswith("-few") else FROZEN), "cpp.threads": 1 if kind == "source" else self.threads}
+        """inductor's settings for `kind` (docs/performance.md): a source side on one thread, steps on the decoder's."""
+        threads = 1 if kind.startswith("source") else self.threads
+        return {**(FEW if kind.endswith("-few") else FROZEN), "cpp.threads": threads}
 
     def _found(self, kind: str, search) -> Path | None:       # the package the same recipe named, if still there
         note = self._note(kind, search)
