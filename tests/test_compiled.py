@@ -292,9 +292,12 @@ def test_a_many_row_step_is_made_for_a_batchs_sizes_and_named_by_them(monkeypatc
     # each export, then its build: the source sides (7 sentences, 1) for one thread, every step for the decoder's two
     assert sorted((*b[:3], n) for b, n in zip(built, threads, strict=True)) == [
         ("Source", 0, 2, 1), ("Source", 0, 2, 1), ("Step", 1, 2, 2), ("Step", 1, slots, 2), ("Step", 2, 2 * slots, 2)]
-    example, dynamic = compiler._shapes((sources(2), sources(2) == 0, torch.tensor([0, 1])), 0, model.cfg.max_len)
-    program = export(compiler.Source(decoder.fast), example, dynamic_shapes=dynamic)
-    configs = {**compiler.FROZEN, "cpp.threads": 1}
-    small, large = (torch.zeros(2, 3),), (torch.zeros(32, 3),)
-    assert compiler.package_name(program, configs, small) != compiler.package_name(program, configs, large)
-    assert compiler.package_name(program, configs, small) == compiler.package_name(program, configs, small)
+    configs, names = {**compiler.FROZEN, "cpp.threads": 1}, []
+    for inputs in [(sources(2), sources(2) == 0, torch.tensor([0, 1]))] * 2 + [(sources(5), sources(5) == 0,
+                                                                                  torch.arange(5))]:
+        example, dynamic = compiler._shapes(inputs, 0, model.cfg.max_len)
+        if inputs[0].size(0) == 5:                                          # the same graph from a larger example
+            example = (example[0].repeat(3, 1), example[1].repeat(3, 1), torch.arange(7) % 6)
+        program = export(compiler.Source(decoder.fast), example, dynamic_shapes=dynamic)
+        names.append(compiler.package_name(program, configs))
+    assert names[0] == names[1] != names[2]

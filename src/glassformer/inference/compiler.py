@@ -138,7 +138,7 @@ class CompiledDecoder:
         self.threads = threads or torch.get_num_threads()
         self.positions = tuple(torch.tensor(i) for i in range(model.cfg.max_len))   # 0-dim: a step's `pos`
         self.parts: dict[str, Callable] = {}                                 # "source" / "beam4" -> package
-        self._weights: str | None = None                                     # their hash, once (_note)
+        self._weights: str | None = None                                     # with the code's: a hash, once (_note)
 
     def source(self, cache: KVCache, src: Tensor, src_pad: Tensor, index: Tensor) -> None:
         """Each decoder layer's cross-attention K/V for the rows `index`, into `cache`."""
@@ -184,7 +184,7 @@ class CompiledDecoder:
                 example, dynamic = _shapes(inputs, beam, self.model.cfg.max_len, few)
                 with torch.no_grad():
                     program = torch.export.export(module, example, dynamic_shapes=dynamic)
-                path = self.folder / PACKAGES / f"{kind}-{package_name(program, configs, example)}.pt2"
+                path = self.folder / PACKAGES / f"{kind}-{package_name(program, configs)}.pt2"
                 if not path.exists():
                     self.notes(f"--compile: building {what} (once per model; later runs load it from {path.parent})")
                     began = time.perf_counter()
@@ -211,14 +211,14 @@ class CompiledDecoder:
 
     def _note(self, kind: str, search) -> Path:
         """Where the recipe of `kind` (weights, code bytes, strategy, build) names its package: skips a trace."""
-        if self._weights is None:
-            self._weights = _tensors(hashlib.sha256(), self.model.state_dict()).hexdigest()
-        configs, root = self._configs(kind), Path(__file__).resolve().parents[1]
+        if self._weights is None:                                            # once: the weights, the code's bytes
+            h, root = _tensors(hashlib.sha256(), self.model.state_dict()), Path(__file__).resolve().parents[1]
+            for name in sorted([*root.glob("model/*.py"), *root.glob("inference/*.py"), *root.glob("decoding/*.py")]):
+                h.update(name.read_bytes())
+            self._weights = h.hexdigest()
+        configs = self._configs(kind)
         h = hashlib.sha256(json.dumps([self._weights, repr(self.model.cfg), _machine(configs["cpp.threads"]),
-                                       sorted(configs.items()), type(search).__module__,
-                                       type(search).__qualname__]).encode())
-        for name in sorted([*root.glob("model/*.py"), *root.glob("inference/*.py"), *root.glob("decoding/*.py")]):
-            h.update(name.read_bytes())
+                                       sorted(configs.items()), repr(type(search))]).encode())
         return self.folder / PACKAGES / f"{kind}-{h.hexdigest()[:24]}.name"
 
 
@@ -238,11 +238,11 @@ def _machine(threads: int) -> dict:
             "machine": platform.machine(), "threads": threads}
 
 
-def package_name(program: torch.export.ExportedProgram, configs: dict, example: tuple = ()) -> str:
+def package_name(program: torch.export.ExportedProgram, configs: dict) -> str:
     """A hash of what a package computes: the exported graph (operations and their arguments; no source lines
     or paths), its symbolic sizes' ranges, its weights and constants, the build's inductor settings (threads
-    included) and the example's sizes it was made for, torch and the CPU."""
-    sizes = [list(t.shape) for x in example for t in (x if isinstance(x, list) else [x])]
+    included) and its example inputs' sizes (what it was made for), torch and the CPU."""
+    sizes = [list(t.shape) for t in torch.utils._pytree.tree_leaves(program.example_inputs)]
     h = hashlib.sha256(json.dumps([_machine(configs["cpp.threads"]), sorted(configs.items()), sizes]).encode())
     h.update(str(program.graph).encode())
     h.update(str(sorted((str(k), str(v)) for k, v in program.range_constraints.items())).encode())
