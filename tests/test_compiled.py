@@ -268,7 +268,8 @@ def test_a_package_that_fails_to_load_decodes_eagerly_after_one_note(monkeypatch
 def test_a_many_row_step_is_made_for_a_batchs_sizes_and_named_by_them(monkeypatch, tmp_path):
     """inductor decides from the example's sizes which loops its threads share: a step of many rows is traced at a
     batch's (TYPICAL: 32 sentences, 32 x beam rows), the source side and greedy's few-row step at 2-3; a package's
-    name hashes the sizes it was made for. Every step is built for the decoder's threads, the source side for one."""
+    name hashes the sizes it was made for. Every step and the few-row source side are built for the decoder's threads,
+    the many-row source side for one."""
     built, export = [], torch.export.export
 
     def recording(module, example, **kw):
@@ -289,9 +290,10 @@ def test_a_many_row_step_is_made_for_a_batchs_sizes_and_named_by_them(monkeypatc
     for search, src in ((Greedy(), sources(batch=7)), (Greedy(), sources(batch=1)), (BeamSearch(2), sources(batch=7))):
         _same(generate(model, src, search, max_len=20, compiled=decoder), generate(model, src, search, max_len=20))
     slots = compiler.TYPICAL["slots"]
-    # each export, then its build: the source sides (7 sentences, 1) for one thread, every step for the decoder's two
+    # each export, then its build: the source side of 7 sentences for one thread, that of one sentence (few rows) and
+    # every step for the decoder's two
     assert sorted((*b[:3], n) for b, n in zip(built, threads, strict=True)) == [
-        ("Source", 0, 2, 1), ("Source", 0, 2, 1), ("Step", 1, 2, 2), ("Step", 1, slots, 2), ("Step", 2, 2 * slots, 2)]
+        ("Source", 0, 2, 1), ("Source", 0, 2, 2), ("Step", 1, 2, 2), ("Step", 1, slots, 2), ("Step", 2, 2 * slots, 2)]
     configs, names = {**compiler.FROZEN, "cpp.threads": 1}, []
     for inputs in [(sources(2), sources(2) == 0, torch.tensor([0, 1]))] * 2 + [(sources(5), sources(5) == 0,
                                                                                   torch.arange(5))]:

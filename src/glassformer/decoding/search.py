@@ -56,8 +56,8 @@ def sentence_limits(src_pad: Tensor, model_max_len: int, max_len: int | Tensor |
     """Each sentence's output limit (batch,) on the CPU: `output_limits`, or `max_len` (one for all, or one
     per sentence), always capped by the model's max_len."""
     if max_len is None:
-        limits = output_limits(src_pad, model_max_len).cpu()
-    elif isinstance(max_len, int):
+        return output_limits(src_pad, model_max_len).cpu()                  # at least min(LENGTH_B, max_len)
+    if isinstance(max_len, int):
         limits = torch.full((src_pad.size(0),), min(max_len, model_max_len), dtype=torch.long)
     else:
         limits = torch.clamp(max_len.long().cpu(), max=model_max_len)
@@ -250,8 +250,10 @@ class _Run:
         self.model, self.search, self.compiled = model, search, compiled
         index = torch.arange(src.size(0), device=src.device).repeat_interleave(search.beam)
         extra = self.capacity(src.size(0)) * search.beam - index.numel()     # padding rows: the first sentence
-        index = torch.cat([index, index[:1].expand(extra)])                 # (rows,) the sentence of each row
-        self.src_pad, self.cache, self.memory = src_pad[index], model.new_cache(), None
+        if extra:
+            index = torch.cat([index, index[:1].expand(extra)])             # (rows,) the sentence of each row
+        same = extra == 0 and search.beam == 1                              # a row a sentence
+        self.src_pad, self.cache, self.memory = src_pad if same else src_pad[index], model.new_cache(), None
         if compiled is None:
             self.memory = model.encode(src, src_pad)[index]                 # (rows, src, d)
         else:
@@ -279,9 +281,8 @@ def _initial(sentences: int, n_slots: int, K: int, limits: Tensor, bos: int, dev
     """Slots for `sentences` sentences (their `limits`) padded to `n_slots`: one live beam each (score 0)."""
     live = torch.arange(n_slots, device=device) < sentences
     scores = torch.full((n_slots, K), -math.inf, dtype=torch.float64, device=device)
-    scores[:, 0] = torch.where(live, 0.0, -math.inf)
-    padded = torch.ones(n_slots, dtype=torch.long)
-    padded[:sentences] = limits
+    scores[:sentences, 0] = 0.0
+    padded = limits if sentences == n_slots else torch.cat([limits, limits.new_ones(n_slots - sentences)])
     return Slots(tokens=torch.full((n_slots * K,), bos, dtype=torch.long, device=device), scores=scores,
                  limits=padded.to(device), live=live,
                  worst=torch.full((n_slots,), -math.inf, dtype=torch.float64, device=device),
@@ -297,10 +298,10 @@ def _finish(advance: Advance, slots: Slots, length: int, sentence: list[int], fi
     if ended:                                                                # host lists: one copy each, not a
         K, worsts = slots.scores.size(1), worst.tolist()                     # tensor op per hypothesis
         scores, tokens, parents = (t.tolist() for t in (advance.ranked, advance.ranked_tokens, advance.ranked_parents))
-        history = slots.history[:, : length - 1].tolist()                    # (slots*K, length - 1)
-        for slot, c in ended:
+        rows = [slot * K + parents[slot][c] for slot, c in ended]           # the rows they continue
+        history = slots.history[rows, : length - 1].tolist()                 # (ended, length - 1)
+        for (slot, c), ids in zip(ended, history, strict=True):
             score, token = scores[slot][c], tokens[slot][c]
-            ids = history[slot * K + parents[slot][c]]
             hyp = Hypothesis(ids + ([] if token == eos else [token]), score,
                              length_normalized(score, length, alpha), finished=token == eos)
             worsts[slot] = finished[sentence[slot]].add(hyp)

@@ -91,16 +91,16 @@ def unsupported(model) -> str | None:
 
 class Source(nn.Module):
     """src (sent, src), src_pad (sent, src) True = PAD, index (rows,) the sentence of each row -> each decoder
-    layer's cross-attention K, then V (rows, heads, src, d): the model's encoder and `project_kv`."""
+    layer's cross-attention K, then V (rows, heads, src, d): the model's encoder and `project_kv` (once a sentence)."""
 
     def __init__(self, model: Transformer) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, src: Tensor, src_pad: Tensor, index: Tensor) -> tuple[Tensor, ...]:
-        memory = self.model.encode(src, src_pad).index_select(0, index)     # (rows, src, d)
-        kv = [layer.cross_attention.project_kv(memory) for layer in self.model.decoder.layers]
-        return (*[k.contiguous() for k, _ in kv], *[v.contiguous() for _, v in kv])
+        memory = self.model.encode(src, src_pad)                             # (sent, src, d)
+        kv = [layer.cross_attention.project_kv(memory) for layer in self.model.decoder.layers]   # once a sentence,
+        return (*[k.index_select(0, index) for k, _ in kv], *[v.index_select(0, index) for _, v in kv])   # then rows
 
 
 class Step(nn.Module):
@@ -125,7 +125,7 @@ class Step(nn.Module):
 
 class CompiledDecoder:
     """One model's packages, built or loaded on first use (else, after a note, run eagerly). `threads`: a step's
-    loops are made for them, a build per count; the source side's for one (docs/performance.md)."""
+    loops are made for them, a build per count; the many-row source side's for one (docs/performance.md)."""
 
     def __init__(self, model: Transformer, step: Callable, folder: Path, notes: Callable[[str], None] | None = None,
                  threads: int | None = None) -> None:
@@ -200,8 +200,8 @@ class CompiledDecoder:
         return self.parts[kind]
 
     def _configs(self, kind: str) -> dict:
-        """inductor's settings for `kind` (docs/performance.md): a source side on one thread, steps on the decoder's."""
-        threads = 1 if kind.startswith("source") else self.threads
+        """inductor's settings for `kind` (docs/performance.md): a many-row source on 1 thread, else the decoder's."""
+        threads = 1 if kind == "source" else self.threads
         return {**(FEW if kind.endswith("-few") else FROZEN), "cpp.threads": threads}
 
     def _found(self, kind: str, search) -> Path | None:       # the package the same recipe named, if still there
