@@ -19,12 +19,22 @@ from collections import Counter
 
 import torch
 
+from glassformer.inference.compiler import MAX_ROWS
+from glassformer.options import positive
 
-def step_products(cfg) -> Counter:
-    """(in, out) -> how many of that product one decoding step runs (cross-attention's K/V are the source side's)."""
-    d, qkv, heads_out = cfg.d_model, cfg.heads * (2 * cfg.d_k + cfg.d_v), cfg.heads * cfg.d_v
-    per_layer = [(d, qkv), (heads_out, d), (d, cfg.heads * cfg.d_k), (heads_out, d), (d, cfg.d_ff), (cfg.d_ff, d)]
-    return Counter(per_layer * cfg.decoder_layers + [(d, cfg.tgt_vocab)])
+
+def step_products(model) -> Counter:
+    """(in, out) -> how many of that product one decoding step of `model` runs, read off its own layers:
+    W^Q|W^K|W^V (one product), W^O, cross-attention's W^Q and W^O, W_1, W_2 per decoder layer, then the head
+    (cross-attention's W^K, W^V belong to the source side)."""
+    def shape(*linears) -> tuple[int, int]:
+        return linears[0].in_features, sum(m.out_features for m in linears)
+    found = Counter()
+    for layer in model.decoder.layers:
+        a, c, f = layer.self_attention, layer.cross_attention, layer.ffn
+        found.update([shape(a.w_q, a.w_k, a.w_v), shape(a.w_o), shape(c.w_q), shape(c.w_o), shape(f.w_1), shape(f.w_2)])
+    found[shape(model.head)] += 1
+    return found
 
 
 def timed(fn, calls: int, repeats: int) -> float:
@@ -57,22 +67,24 @@ def product(rows: int, n_in: int, n_out: int, repeats: int) -> tuple[str, str, s
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", default="runs/default", help="a run folder: its model's sizes")
-    parser.add_argument("--rows", type=int, nargs="+", default=[32, 8, 1])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--rows", type=positive, nargs="+", default=[32, 8, 1])
+    parser.add_argument("--threads", type=positive, default=2)
+    parser.add_argument("--repeats", type=positive, default=7)
     args = parser.parse_args(argv)
+    if max(args.rows) > MAX_ROWS:                                            # checked before anything is allocated
+        parser.error(f"--rows: at most {MAX_ROWS} (the most rows a compiled step takes), got {max(args.rows)}")
     torch.set_num_threads(args.threads)
     from glassformer.data.checkpoint import load_translator_parts
     from glassformer.errors import UsageError
     try:
-        cfg = load_translator_parts(args.run)[0].cfg
+        model = load_translator_parts(args.run)[0]
     except UsageError as error:
         parser.error(str(error))                                             # one line, exit status 2
     print(f"# {platform.processor() or platform.machine()}, capability {torch.backends.cpu.get_cpu_capability()}, "
           f"torch {torch.__version__}, {args.threads} threads")
     print("rows x (in -> out) x per step | oneDNN packed | MKL addmm | MKL packed (us a call)")
     for rows in args.rows:
-        for (n_in, n_out), count in step_products(cfg).items():
+        for (n_in, n_out), count in step_products(model).items():
             onednn, blas, mkl_packed = product(rows, n_in, n_out, args.repeats)
             print(f"{rows} x ({n_in} -> {n_out}) x {count} | {onednn} | {blas} | {mkl_packed}", flush=True)
 
