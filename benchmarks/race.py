@@ -20,7 +20,10 @@ with --compiled; every row bucket run once before the timed rounds) / compiled-f
 by CTranslate2's rule with a length penalty: once K hypotheses are in, stop="full", decoding/search.py) / bfloat16 /
 int8 (glassformer.inference.precision),
 CTranslate2 compute_type float32 / int8 / bfloat16 (those `ctranslate2.get_supported_compute_types("cpu")`
-lists), Marian float32 and bfloat16 autocast. Each runs in its own process (its peak RSS is that process's
+lists), each in two thread layouts: one batch at a time on `--threads` intra-op threads, and (with more than one
+thread) `-inter`: `--threads` batches at a time on one thread each (its `inter_threads`, the layout CTranslate2
+documents for throughput; on some hosts its intra-op threads run slower than one, docs/performance.md), Marian
+float32 and bfloat16 autocast. Each runs in its own process (its peak RSS is that process's
 ru_maxrss, with the RSS after loading beside it); rounds are interleaved (each round runs every system once
 per case, the order rotating), and ratios are taken round by round. A plain matrix product at each precision, timed in
 the same run with the same threads, is the roofline; the CPU's flags are in the report.
@@ -51,6 +54,8 @@ GLASSFORMER = ("float32", "bfloat16", "int8")
 COMPILED = "glassformer/compiled"             # float32 on the compiled decoding step (after the precisions)
 COMPILED_RULE = "glassformer/compiled-full"    # the same, a beam search stopped by CTranslate2's rule (stop="full")
 CT2_TYPES = ("float32", "int8", "bfloat16")
+INTER = "-inter"                              # a CTranslate2 system's suffix: batches in parallel, a thread each
+FLOAT32 = ("glassformer/float32", COMPILED, COMPILED_RULE)   # glassformer's float32 systems
 HF_TYPES = ("float32", "bfloat16")
 ROOFLINE_SHAPES = ((2048, 2048, 2048), (32, 256, 1024))     # (m, k, n): a large product, the decoder's own
 QUICK_ROOFLINE_SHAPES = ((1024, 1024, 1024), (32, 256, 1024))
@@ -200,12 +205,14 @@ class TokenMap:
 
 
 class CTranslate2:
-    """A CTranslate2 export at one compute_type; the whole list in one call, sorted and batched by CT2."""
+    """A CTranslate2 export at one compute_type; the whole list in one call, sorted and batched by CT2: one batch
+    at a time on `threads` threads, or (`inter`) `threads` batches at a time on one thread each."""
 
-    def __init__(self, folder: str, compute_type: str, threads: int, cap: int) -> None:
+    def __init__(self, folder: str, compute_type: str, threads: int, cap: int, inter: bool = False) -> None:
         import ctranslate2
         self.translator = ctranslate2.Translator(folder, device="cpu", compute_type=compute_type,
-                                                 inter_threads=1, intra_threads=threads)
+                                                 inter_threads=threads if inter else 1,
+                                                 intra_threads=1 if inter else threads)
         self.source = TokenMap(Path(folder) / "source_tokenizer.json")
         self.target = TokenMap(Path(folder) / "target_tokenizer.json")
         self.unknown = self.target.ids.get("<unk>", 0)
@@ -259,7 +266,7 @@ def build_system(name: str, args) -> object:
     if family == "glassformer":
         return Glassformer.load(args.run, dtype, args.threads)
     if family == "ctranslate2":
-        return CTranslate2(args.ct2, dtype, args.threads, _ct2_cap(args.run))
+        return CTranslate2(args.ct2, dtype.removesuffix(INTER), args.threads, _ct2_cap(args.run), dtype.endswith(INTER))
     return Marian(args.hf, dtype, args.threads)
 
 
@@ -360,7 +367,8 @@ def systems(args) -> list[str]:
     if args.ct2:
         import ctranslate2
         supported = ctranslate2.get_supported_compute_types("cpu")
-        names += [f"ctranslate2/{t}" for t in CT2_TYPES if t in supported]
+        layouts = ("", INTER) if args.threads > 1 else ("",)
+        names += [f"ctranslate2/{t}{x}" for t in CT2_TYPES if t in supported for x in layouts]
     if args.hf:
         names += [f"transformers/{t}" for t in HF_TYPES]
     return names
@@ -433,8 +441,9 @@ def race(args) -> dict:
 
 
 def comparisons(results: list[dict], timings: dict, speedup) -> list[dict]:
-    """Per case: glassformer float32 over CTranslate2 float32, and the fastest of each that holds quality
-    (glassformer: BLEU within QUALITY_BLEU of its float32; CTranslate2: its fastest compute_type)."""
+    """Per case: the fastest glassformer float32 system (eager, compiled, either stopping rule) over CTranslate2's
+    fastest float32 layout, and the fastest of each that holds quality (glassformer: BLEU within QUALITY_BLEU of
+    its float32; CTranslate2: its fastest compute_type and layout)."""
     out = []
     for case in dict.fromkeys(r["case"] for r in results):
         rows = [r for r in results if r["case"] == case]
@@ -443,9 +452,11 @@ def comparisons(results: list[dict], timings: dict, speedup) -> list[dict]:
         theirs = [r for r in rows if r["system"].startswith("ctranslate2/")]
         if not theirs:
             continue
-        best_ours = max(ours, key=lambda r: r["tokens_per_s"]["median"])
-        best_theirs = max(theirs, key=lambda r: r["tokens_per_s"]["median"])
-        pairs = [("precision for precision", BASELINE, "ctranslate2/float32"),
+        fastest = lambda group: max(group, key=_median)                                   # noqa: E731
+        best_ours, best_theirs = fastest(ours), fastest(theirs)
+        ours32 = fastest([r for r in rows if r["system"] in FLOAT32])
+        theirs32 = [r for r in theirs if r["system"].removesuffix(INTER) == "ctranslate2/float32"]
+        pairs = [("precision for precision", ours32["system"], fastest(theirs32)["system"] if theirs32 else ""),
                  ("best against best", best_ours["system"], best_theirs["system"])]
         if any(r["system"] == COMPILED_RULE for r in rows) and "beam" in case:
             pairs.append(("CTranslate2's stopping rule", COMPILED_RULE, best_theirs["system"]))
@@ -454,6 +465,10 @@ def comparisons(results: list[dict], timings: dict, speedup) -> list[dict]:
                 out.append({"case": case, "comparison": what, "ours": a, "theirs": b,
                             "speedup": speedup(timings[case, a], timings[case, b])})
     return out
+
+
+def _median(result: dict) -> float:
+    return result["tokens_per_s"]["median"]
 
 
 def machine(args) -> dict:

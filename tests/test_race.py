@@ -74,6 +74,19 @@ def test_comparisons_pick_the_fastest_precision_that_holds_quality():
     assert race.comparisons(results, empty, speedup) == []
 
 
+def test_float32_against_float32_takes_each_sides_fastest_float32_system():
+    timings = {("g", "glassformer/float32"): [100.0], ("g", race.COMPILED): [400.0], ("g", "glassformer/int8"): [900.0],
+               ("g", "ctranslate2/float32"): [100.0], ("g", "ctranslate2/float32-inter"): [200.0],
+               ("g", "ctranslate2/int8-inter"): [800.0]}
+    bleu = {"glassformer/float32": 30.0, race.COMPILED: 30.0, "glassformer/int8": 29.9, "ctranslate2/float32": 30.0,
+            "ctranslate2/float32-inter": 30.0, "ctranslate2/int8-inter": 29.0}
+    results = [_result("g", s, r, bleu[s]) for (_, s), r in timings.items()]
+    same, best = race.comparisons(results, timings, speedup)
+    assert (same["ours"], same["theirs"]) == (race.COMPILED, "ctranslate2/float32-inter")   # not int8, not eager
+    assert same["speedup"]["median"] == pytest.approx(2.0)
+    assert (best["ours"], best["theirs"]) == ("glassformer/int8", "ctranslate2/int8-inter")
+
+
 def test_the_stopping_rule_comparison_is_for_beam_cases_only():
     """compiled-full (CTranslate2's stopping rule) is set against CTranslate2's fastest in a beam case, even
     when its BLEU is below the quality bar; a greedy case (where the rule changes nothing) has no such row."""
@@ -133,11 +146,25 @@ def test_token_map_between_ids_and_tokens(tmp_path):
 
 def test_ctranslate2_systems_are_the_supported_compute_types():
     ctranslate2 = pytest.importorskip("ctranslate2")
-    args = argparse.Namespace(ct2="somewhere", hf=None)
-    names = race.systems(args)
     supported = ctranslate2.get_supported_compute_types("cpu")
+    names = race.systems(argparse.Namespace(ct2="somewhere", hf=None, threads=1))
     assert names[:3] == ["glassformer/float32", "glassformer/bfloat16", "glassformer/int8"]
     assert names[3:] == [f"ctranslate2/{t}" for t in ("float32", "int8", "bfloat16") if t in supported]
+    names = race.systems(argparse.Namespace(ct2="somewhere", hf=None, threads=2))   # both thread layouts
+    assert names[3:] == [f"ctranslate2/{t}{x}" for t in ("float32", "int8", "bfloat16") if t in supported
+                         for x in ("", "-inter")]
+
+
+def test_ctranslate2_inter_layout_runs_batches_on_a_thread_each(monkeypatch):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    seen = []
+    monkeypatch.setattr(ctranslate2, "Translator", lambda folder, **kw: seen.append(kw))
+    monkeypatch.setattr(race, "TokenMap", lambda path: argparse.Namespace(ids={}))
+    monkeypatch.setattr(race, "_ct2_cap", lambda run: 100)
+    race.build_system("ctranslate2/int8", argparse.Namespace(ct2="x", run="r", threads=3))
+    race.build_system("ctranslate2/int8-inter", argparse.Namespace(ct2="x", run="r", threads=3))
+    assert [(k["compute_type"], k["inter_threads"], k["intra_threads"]) for k in seen] == [("int8", 1, 3),
+                                                                                        ("int8", 3, 1)]
 
 
 def test_a_missing_folder_is_one_line_and_status_2(tmp_path, capsys):
