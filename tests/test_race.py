@@ -165,6 +165,8 @@ def test_ctranslate2_inter_layout_runs_batches_on_a_thread_each(monkeypatch):
     race.build_system("ctranslate2/int8-inter", argparse.Namespace(ct2="x", run="r", threads=3))
     assert [(k["compute_type"], k["inter_threads"], k["intra_threads"]) for k in seen] == [("int8", 1, 3),
                                                                                         ("int8", 3, 1)]
+    assert race.env_threads("ctranslate2/int8-inter", 3) == 1                    # OpenMP / MKL: one per batch
+    assert race.env_threads("ctranslate2/int8", 3) == race.env_threads("glassformer/compiled", 3) == 3
 
 
 def test_a_missing_folder_is_one_line_and_status_2(tmp_path, capsys):
