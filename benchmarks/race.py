@@ -17,7 +17,9 @@ glassformer float32's: the report counts the outputs that differ, so no system w
 
 Systems: glassformer float32 / compiled (float32 on the compiled decoding step, glassformer.inference.compiler;
 with --compiled; every row bucket run once before the timed rounds) / compiled-full (the same, a beam search stopped
-by CTranslate2's rule with a length penalty: once K hypotheses are in, stop="full", decoding/search.py) / bfloat16 /
+by CTranslate2's rule with a length penalty: once K hypotheses are in, stop="full", decoding/search.py) /
+compiled-inter (with more than one thread: the compiled step in `--threads` worker processes, one thread each,
+`Translator.workers`, decoding/workers.py; started and warmed before the timed rounds) / bfloat16 /
 int8 (glassformer.inference.precision),
 CTranslate2 compute_type float32 / int8 / bfloat16 (those `ctranslate2.get_supported_compute_types("cpu")`
 lists), each in two thread layouts: one batch at a time on `--threads` intra-op threads, and (with more than one
@@ -53,9 +55,10 @@ BASELINE = "glassformer/float32"
 GLASSFORMER = ("float32", "bfloat16", "int8")
 COMPILED = "glassformer/compiled"             # float32 on the compiled decoding step (after the precisions)
 COMPILED_RULE = "glassformer/compiled-full"    # the same, a beam search stopped by CTranslate2's rule (stop="full")
+INTER = "-inter"                              # batches in parallel, a thread each (CTranslate2's inter_threads)
+COMPILED_INTER = COMPILED + INTER             # the compiled step in --threads worker processes (Translator.workers)
 CT2_TYPES = ("float32", "int8", "bfloat16")
-INTER = "-inter"                              # a CTranslate2 system's suffix: batches in parallel, a thread each
-FLOAT32 = ("glassformer/float32", COMPILED, COMPILED_RULE)   # glassformer's float32 systems
+FLOAT32 = ("glassformer/float32", COMPILED, COMPILED_RULE, COMPILED_INTER)   # glassformer's float32 systems
 HF_TYPES = ("float32", "bfloat16")
 ROOFLINE_SHAPES = ((2048, 2048, 2048), (32, 256, 1024))     # (m, k, n): a large product, the decoder's own
 QUICK_ROOFLINE_SHAPES = ((1024, 1024, 1024), (32, 256, 1024))
@@ -132,8 +135,15 @@ class Glassformer:
         self.stop = {}                                           # generate's default stopping rule
         if dtype == "compiled-full":                             # CTranslate2's rule (decoding/search.py)
             dtype, self.stop = "compiled", {"stop": "full"}
-        self.compiled = None
-        if dtype == "compiled":
+        self.compiled = self.translator = None
+        if dtype == "compiled-inter":                            # the Translator's worker processes
+            from glassformer.decoding.translator import Translator
+            from glassformer.inference.compiler import cache_folder, use_compile_cache
+
+            use_compile_cache()
+            self.translator = Translator(model, None, None, compile="on", compile_cache=str(cache_folder()))
+            self.translator.workers = threads
+        elif dtype == "compiled":
             from glassformer.decoding.search import step
             from glassformer.inference.compiler import CompiledDecoder, cache_folder, use_compile_cache
 
@@ -153,6 +163,8 @@ class Glassformer:
 
         from glassformer.decoding.search import generate, strategy
         from glassformer.inference import decoding_threads, use_threads
+        if self.translator is not None:
+            return self._in_workers(sources, beam, batch)
         out: list[list[int]] = [[] for _ in sources]
         search = strategy(beam)
         with use_threads(decoding_threads(batch * beam, self.threads)):
@@ -165,6 +177,20 @@ class Glassformer:
                     out[i] = hyps[0].tokens
         return out
 
+
+    def _in_workers(self, sources: list[list[int]], beam: int, batch: int) -> list[list[int]]:
+        """The Translator's worker processes; at the first call of a (beam, batch), untimed in the race's
+        warm-up, each worker starts and runs every row bucket up to `batch` (two tokens)."""
+        from glassformer.decoding.search import SENTENCE_BUCKETS
+        self.translator.batch_size = batch
+        if (beam, batch) not in self.warm and sources:
+            self.warm.add((beam, batch))
+            sizes = [b for b in SENTENCE_BUCKETS if b < batch] + [batch]
+            batches = [[sources[i % len(sources)] or [self.pad_id + 1] for i in range(n)]
+                       for n in sizes for _ in range(self.translator.workers)]   # equal costs: one each
+            if self.translator._in_workers(batches, beam, ALPHA, 2, len(sources)) is None:
+                raise RuntimeError("the decoding workers did not start")
+        return self.translator.translate_ids(sources, beam, ALPHA)
 
     def _compile_buckets(self, sources: list[list[int]], search, batch: int) -> None:
         """Compiled decoder: run every row bucket up to `batch` once (two tokens), so no timed call compiles."""
@@ -369,8 +395,8 @@ def _seconds_per_call(run, budget: float) -> float:
 # ---- the driver ----------------------------------------------------------------------------------------
 
 def systems(args) -> list[str]:
-    names = [f"glassformer/{d}" for d in GLASSFORMER] + ([COMPILED, COMPILED_RULE] if getattr(args, "compiled", False)
-                                                         else [])
+    compiled = [COMPILED, COMPILED_RULE] + ([COMPILED_INTER] if args.threads > 1 else [])
+    names = [f"glassformer/{d}" for d in GLASSFORMER] + (compiled if getattr(args, "compiled", False) else [])
     if args.ct2:
         import ctranslate2
         supported = ctranslate2.get_supported_compute_types("cpu")

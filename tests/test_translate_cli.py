@@ -358,3 +358,52 @@ def test_patch_approximate_compare_reports_a_correlation(model_dir, capsys, monk
     assert result["method"] == "attribution"
     assert run["correlation"] is None or -1.0 - 1e-9 <= run["correlation"] <= 1.0 + 1e-9
     assert run["nothing"]["fraction"] in (0.0, None)
+
+
+# ---- --workers: a job's batches in worker processes ---------------------------------------------------------
+
+def test_deal_balances_work_and_gives_every_batch_once():
+    from glassformer.decoding.workers import deal
+
+    costs = [9, 1, 1, 1, 1, 1, 1, 1, 1, 4, 4]
+    shares = deal(costs, 2)
+    assert sorted(i for s in shares for i in s) == list(range(len(costs)))
+    assert all(s == sorted(s) for s in shares)
+    loads = sorted(sum(costs[i] for i in s) for s in shares)
+    assert loads == [12, 13]                                  # round-robin would give 15 / 10
+    assert deal(costs, 1) == [list(range(len(costs)))]
+    assert deal([3], 3) == [[0], [], []]
+
+
+def test_workers_give_each_sentence_its_in_process_translation(model_dir):
+    lines = ["我很好。", "你叫什么名字？", "谢谢你！", "我们明天去学校。", "他喜欢喝茶。", "这本书很好看。",
+             "你好", "我昨天给了他一本书。", "", "今天天气很好，我们去公园吧。", "我不知道。"]
+    here = Translator.load(model_dir)
+    here.batch_size = 3
+    expected = {beam: here.translate(lines, beam=beam) for beam in (1, 2)}
+    notes = []
+    there = Translator.load(model_dir)
+    there.batch_size, there.workers, there.notes = 3, 2, notes.append
+    try:
+        assert there.translate(lines, beam=1) == expected[1]
+        pids = [p.pid for p in there._workers.processes]
+        assert len(set(pids)) == 2 and os.getpid() not in pids and all(p.is_alive() for p in there._workers.processes)
+        assert there.translate(lines, beam=2) == expected[2]
+        assert [p.pid for p in there._workers.processes] == pids                  # the same processes again
+        assert notes == ["decoding in 2 worker processes, one thread each"]
+        there._workers.processes[1].kill()                                          # a worker that ends
+        there._workers.processes[1].join()
+        assert there.translate(lines, beam=1) == expected[1]                        # decoded here instead
+        assert len(notes) == 2 and notes[1].startswith("--workers 2: RuntimeError") and notes[1].endswith("here")
+        assert there._workers is None
+    finally:
+        there.close()
+
+
+def test_workers_over_the_usable_cores_are_one_line_exit_2(model_dir, capsys, monkeypatch):
+    from glassformer.inference.threads import usable_cores
+
+    code, out, err = _run(capsys, monkeypatch, ["translate", "--model", str(model_dir), "--workers",
+                                                str(usable_cores() + 1), "你好"])
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "--workers" in err and "Traceback" not in err

@@ -39,6 +39,9 @@ def _add_decoding(parser: argparse.ArgumentParser, beam: int = 1) -> None:
                              "once per model and beam size, about a minute, then loaded from the cache): auto "
                              f"(default) = when a compiler is found and the step is built, or for jobs over "
                              f"{AUTO_MIN_SENTENCES} sentences; off = eager; the same tokens")
+    parser.add_argument("--workers", type=positive, default=1, metavar="N",
+                        help="decode a job's batches in N processes at once, one thread each (at most the usable "
+                             "cores; default 1): faster for long jobs on several cores, a few seconds to start")
     parser.add_argument("--compile-cache", metavar="DIR",
                         help="where compiled decoding steps are kept (default $TORCHINDUCTOR_CACHE_DIR, else "
                              "~/.cache/glassformer/inductor)")
@@ -58,6 +61,7 @@ def _translator(args):
     from ..inference.precision import with_precision
     from .search import DEFAULT_ALPHA
     from .translator import Translator
+    from .workers import check_workers
 
     limits.check("--beam", args.beam, "MAX_BEAM")
     if args.max_length is not None:
@@ -70,6 +74,7 @@ def _translator(args):
     translator.model = with_precision(translator.model, args.dtype)          # float32: the model itself
     translator.compile, translator.notes = getattr(args, "compile", "off"), _stderr_note
     translator.stop = getattr(args, "stop", translator.stop)
+    translator.workers = check_workers(getattr(args, "workers", 1))
     if translator.compile != "off":
         translator.compile_cache = _compile_cache(getattr(args, "compile_cache", None))
         warnings.filterwarnings("ignore", category=FutureWarning)            # torch's own, while tracing

@@ -25,7 +25,8 @@ class Translator:
     step compiled ahead of time for a float32 Transformer on the CPU, inference/compiler.py; auto: for jobs
     of more than AUTO_MIN_SENTENCES sentences when a C++ compiler is found); packages are kept under
     `compile_cache` (default: inference.compiler.cache_folder). `notes` hears one-line remarks (the CLI:
-    stderr). The thread count is the caller's (set at the entry point: threads.py)."""
+    stderr). The thread count is the caller's (set at the entry point: threads.py). `workers` > 1: a job of
+    several batches is decoded in that many processes, one thread each (decoding/workers.py; CPU only)."""
 
     def __init__(self, model, source: SourceTokenizer, target: TargetTokenizer,
                  device: str | torch.device = "cpu", batch_size: int = 64, compile: str = "off",
@@ -36,6 +37,8 @@ class Translator:
         self.compile, self.notes, self.compile_cache = compile, notes, compile_cache
         self.stop = DEFAULT_STOP                                             # decoding/search.py STOP_RULES
         self._compiled: CompiledDecoder | None = None                        # the model's packages, once loaded
+        self.threads: int | None = None                  # the packages' thread count (default: the usable cores)
+        self.workers, self._workers = 1, None            # decoding processes; started at the first long job
 
     @classmethod
     def load(cls, folder, device: str | torch.device = "cpu") -> Translator:
@@ -83,20 +86,59 @@ class Translator:
         self.check_max_length(max_length)
         out: list[list[int]] = [[] for _ in sources]
         order = sorted((i for i, s in enumerate(sources) if len(s)), key=lambda i: len(sources[i]))
-        if not order:
-            return out
+        chunks = [order[start: start + self.batch_size] for start in range(0, len(order), self.batch_size)]
+        batches = [[list(sources[i]) for i in chunk] for chunk in chunks]
+        found = None
+        if self.workers > 1 and len(batches) > 1 and self.device.type == "cpu":
+            found = self._in_workers(batches, beam, alpha, max_length, len(order))
+        if found is None:
+            found = self.decode_batches(batches, beam, alpha, max_length, len(order))
+        for chunk, hyps in zip(chunks, found, strict=True):
+            for i, tokens in zip(chunk, hyps, strict=True):
+                out[i] = tokens
+        return out
+
+    def decode_batches(self, batches, beam: int, alpha: float, max_length: int | None,
+                       sentences: int) -> list[list[list[int]]]:
+        """The best hypothesis's target ids per sentence of each batch, decoded here (`sentences`: the job's
+        count, for --compile auto)."""
+        if not batches:
+            return []
         search, pad_id = strategy(beam), self.model.cfg.pad_id
-        model, compiled = self._decoder(len(order), search)
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start: start + self.batch_size]
-            src = pad_sequence([torch.tensor(sources[i], dtype=torch.long) for i in chunk], batch_first=True,
+        model, compiled = self._decoder(sentences, search)
+        found = []
+        for batch in batches:
+            src = pad_sequence([torch.tensor(s, dtype=torch.long) for s in batch], batch_first=True,
                                padding_value=pad_id).to(self.device)         # (batch, longest)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
                 hyps = generate(model, src, search, alpha=alpha, max_len=max_length, stop=self.stop,
                                 compiled=compiled)
-            for i, h in zip(chunk, hyps, strict=True):
-                out[i] = h[0].tokens
-        return out
+            found.append([h[0].tokens for h in hyps])
+        return found
+
+    def _in_workers(self, batches, beam: int, alpha: float, max_length: int | None, sentences: int):
+        """The batches decoded by the worker processes (started for this model at the first call), or None after
+        a one-line note when they cannot be started or fail (the job is then decoded here)."""
+        from .workers import Workers
+        try:
+            w = self._workers
+            if w is None or w.key[0] is not self.model or w.key[1:] != (self.compile, self.compile_cache) \
+                    or len(w.pipes) != self.workers:
+                self.close()
+                self._note(f"decoding in {self.workers} worker processes, one thread each")
+                self._workers = Workers(Translator(self.model, None, None, compile=self.compile,
+                                                   compile_cache=self.compile_cache), self.workers)
+            return self._workers.decode(batches, beam, alpha, max_length, self.stop, sentences)
+        except Exception as error:                                           # pickling, a worker that ended
+            self._note(f"--workers {self.workers}: {type(error).__name__}: {str(error)[:160]}; decoding here")
+            self.close()
+            return None
+
+    def close(self) -> None:
+        """Stop the worker processes, if any (they also end with this process)."""
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
 
     def _decoder(self, sentences: int, search) -> tuple:
         """What decodes `sentences` sentences with `search`: the model and its packages (made once per model
@@ -116,7 +158,7 @@ class Translator:
     def _packages(self) -> CompiledDecoder:
         if self._compiled is None or self._compiled.model is not self.model:
             self._compiled = CompiledDecoder(self.model, step, cache_folder(self.compile_cache), self._note,
-                                             usable_cores())
+                                             self.threads or usable_cores())
         return self._compiled
 
     def _note(self, line: str) -> None:
