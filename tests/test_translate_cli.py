@@ -407,3 +407,12 @@ def test_workers_over_the_usable_cores_are_one_line_exit_2(model_dir, capsys, mo
                                                 str(usable_cores() + 1), "你好"])
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and "--workers" in err and "Traceback" not in err
+
+
+def test_translate_with_workers_prints_the_same_lines(model_dir, capsys, monkeypatch):
+    lines = ["我很好。", "你叫什么名字？", "谢谢你！", "我们明天去学校。", "他喜欢喝茶。"]
+    code, alone, _ = _run(capsys, monkeypatch, ["translate", "--model", str(model_dir), "--batch-size", "2", *lines])
+    code2, together, err = _run(capsys, monkeypatch, ["translate", "--model", str(model_dir), "--batch-size", "2",
+                                                      "--workers", "2", *lines])
+    assert code == code2 == 0 and together == alone and len(alone.splitlines()) == 5
+    assert "decoding in 2 worker processes" in err                           # it did not decode in-process
