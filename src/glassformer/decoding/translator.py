@@ -26,7 +26,8 @@ class Translator:
     of more than AUTO_MIN_SENTENCES sentences when a C++ compiler is found); packages are kept under
     `compile_cache` (default: inference.compiler.cache_folder). `notes` hears one-line remarks (the CLI:
     stderr). The thread count is the caller's (set at the entry point: threads.py). `workers` > 1: a job of
-    several batches is decoded in that many processes, one thread each (decoding/workers.py; CPU only)."""
+    several batches is decoded in that many processes, one thread each (decoding/workers.py; CPU only); they
+    copy the model when they start: after changing its weights in place, `close()` them."""
 
     def __init__(self, model, source: SourceTokenizer, target: TargetTokenizer,
                  device: str | torch.device = "cpu", batch_size: int = 64, compile: str = "off",
