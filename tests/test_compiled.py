@@ -303,3 +303,25 @@ def test_a_many_row_step_is_made_for_a_batchs_sizes_and_named_by_them(monkeypatc
         program = export(compiler.Source(decoder.fast), example, dynamic_shapes=dynamic)
         names.append(compiler.package_name(program, configs))
     assert names[0] == names[1] != names[2]
+
+
+def test_write_whole_lets_one_process_write_and_the_one_that_waited_finds_it(tmp_path):
+    import subprocess
+    import sys
+
+    from glassformer.paths import write_whole
+
+    pytest.importorskip("fcntl")
+    probe = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+             "try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError: sys.exit(3)")
+    other = lambda: subprocess.run([sys.executable, "-c", probe, str(tmp_path / "pk")]).returncode   # noqa: E731
+    target, seen = tmp_path / "pk" / "a.pt2", []
+
+    def write(partial):
+        seen.append(other())                                 # another process, while this one writes: locked out
+        partial.write_text("one")
+    assert write_whole(target, write) is True and seen == [3] and target.read_text() == "one"
+    assert other() == 0                                      # released after
+    assert write_whole(target, lambda partial: seen.append("again")) is False and seen == [3]   # there: left
+    assert write_whole(target, lambda partial: partial.write_text("two"), replace=True) is True
+    assert target.read_text() == "two" and sorted(p.name for p in target.parent.iterdir()) == ["a.pt2"]

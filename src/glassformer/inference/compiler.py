@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from ..model.cache import GROW, KVCache
 from ..model.transformer import Transformer
+from ..paths import write_whole
 from .prepare import prepare
 
 COMPILE_MODES = ("auto", "on", "off")
@@ -188,10 +189,10 @@ class CompiledDecoder:
                 if not path.exists():
                     self.notes(f"--compile: building {what} (once per model; later runs load it from {path.parent})")
                     began = time.perf_counter()
-                    _written(path, lambda partial: torch._inductor.aoti_compile_and_package(
-                        program, package_path=str(partial), inductor_configs=configs))
-                    self.notes(f"--compile: built in {time.perf_counter() - began:.1f} s")
-                _written(self._note(kind, search), lambda partial: partial.write_text(path.name))
+                    if write_whole(path, lambda partial: torch._inductor.aoti_compile_and_package(
+                            program, package_path=str(partial), inductor_configs=configs)):   # else: another's
+                        self.notes(f"--compile: built in {time.perf_counter() - began:.1f} s")
+                write_whole(self._note(kind, search), lambda partial: partial.write_text(path.name), replace=True)
             self.parts[kind] = _load(path)
         except Exception as error:                                           # no working toolchain, a bad package
             first = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
@@ -220,17 +221,6 @@ class CompiledDecoder:
         h = hashlib.sha256(json.dumps([self._weights, repr(self.model.cfg), _machine(configs["cpp.threads"]),
                                        sorted(configs.items()), repr(type(search))]).encode())
         return self.folder / PACKAGES / f"{kind}-{h.hexdigest()[:24]}.name"
-
-
-def _written(path: Path, write: Callable[[Path], object]) -> None:
-    """`write(partial)` to a temporary name, then renamed: a failed or interrupted write leaves nothing."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.stem}.{os.getpid()}.partial{path.suffix}")
-    try:
-        write(partial)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 def _machine(threads: int) -> dict:
