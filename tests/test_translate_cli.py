@@ -416,3 +416,16 @@ def test_translate_with_workers_prints_the_same_lines(model_dir, capsys, monkeyp
                                                       "--workers", "2", *lines])
     assert code == code2 == 0 and together == alone and len(alone.splitlines()) == 5
     assert "decoding in 2 worker processes" in err                           # it did not decode in-process
+
+
+def test_workers_decode_float32_models_only_and_say_so(model_dir):
+    from glassformer.inference.precision import with_precision
+
+    lines = ["我很好。", "你叫什么名字？", "谢谢你！", "我们明天去学校。", "他喜欢喝茶。"]
+    translator = Translator.load(model_dir)
+    translator.model, translator.batch_size = with_precision(translator.model, "bfloat16"), 2
+    expected = translator.translate(lines)
+    notes = []
+    translator.workers, translator.notes = 2, notes.append
+    assert translator.translate(lines) == expected and translator._workers is None       # no process started
+    assert notes == ["--workers 2: float32 models only, not bfloat16; decoding here"]

@@ -121,6 +121,9 @@ class Translator:
         """The batches decoded by the worker processes (started for this model at the first call), or None after
         a one-line note when they cannot be started or fail (the job is then decoded here)."""
         from .workers import Workers
+        if not isinstance(self.model, Transformer) or precision_of(self.model) != "float32":   # copies: unpicklable
+            self._note(f"--workers {self.workers}: float32 models only, not {precision_of(self.model)}; decoding here")
+            return None
         try:
             w = self._workers
             if w is None or w.key[0] is not self.model or w.key[1:] != (self.compile, self.compile_cache) \
