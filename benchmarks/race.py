@@ -141,7 +141,8 @@ class Glassformer:
             from glassformer.inference.compiler import cache_folder, use_compile_cache
 
             use_compile_cache()
-            self.translator = Translator(model, None, None, compile="on", compile_cache=str(cache_folder()))
+            self.translator = Translator(model, None, None, compile="on", compile_cache=str(cache_folder()),
+                                         notes=lambda line: print(line, file=sys.stderr))
             self.translator.workers = threads
         elif dtype == "compiled":
             from glassformer.decoding.search import step
@@ -182,14 +183,15 @@ class Glassformer:
         """The Translator's worker processes; at the first call of a (beam, batch), untimed in the race's
         warm-up, each worker starts and runs every row bucket up to `batch` (two tokens)."""
         from glassformer.decoding.search import SENTENCE_BUCKETS
-        self.translator.batch_size = batch
         if (beam, batch) not in self.warm and sources:
             self.warm.add((beam, batch))
-            sizes = [b for b in SENTENCE_BUCKETS if b < batch] + [batch]
-            batches = [[sources[i % len(sources)] or [self.pad_id + 1] for i in range(n)]
-                       for n in sizes for _ in range(self.translator.workers)]   # equal costs: one each
-            if self.translator._in_workers(batches, beam, ALPHA, 2, len(sources)) is None:
+            one = next((s for s in sources if s), [self.pad_id + 1])
+            for n in [b for b in SENTENCE_BUCKETS if b < batch] + [batch]:     # a batch of n for each worker
+                self.translator.batch_size = n
+                self.translator.translate_ids([one] * (n * self.translator.workers), beam, ALPHA, max_length=2)
+            if self.translator._workers is None:
                 raise RuntimeError("the decoding workers did not start")
+        self.translator.batch_size = batch
         return self.translator.translate_ids(sources, beam, ALPHA)
 
     def _compile_buckets(self, sources: list[list[int]], search, batch: int) -> None:

@@ -20,7 +20,6 @@ def default_model_dir(root: str | Path = ".") -> Path:
     return Path(os.environ.get(MODEL_ENV) or Path(root) / DEFAULT_MODEL)
 
 
-
 def write_whole(path: Path, write: Callable[[Path], object], replace: bool = False) -> bool:
     """`write(partial)` to a temporary name beside `path`, then renamed to it — unless `path` is there by then and
     not to be replaced. One process at a time (flock on the folder, so no lock file is left; none where the OS has

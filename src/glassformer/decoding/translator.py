@@ -120,7 +120,7 @@ class Translator:
     def _in_workers(self, batches, beam: int, alpha: float, max_length: int | None, sentences: int):
         """The batches decoded by the worker processes (started for this model at the first call), or None after
         a one-line note when they cannot be started or fail (the job is then decoded here)."""
-        from .workers import Workers
+        from .workers import Workers, note
         if not isinstance(self.model, Transformer) or precision_of(self.model) != "float32":   # copies: unpicklable
             self._note(f"--workers {self.workers}: float32 models only, not {precision_of(self.model)}; decoding here")
             return None
@@ -130,7 +130,7 @@ class Translator:
                     or len(w.pipes) != self.workers:
                 self.close()
                 self._note(f"decoding in {self.workers} worker processes, one thread each")
-                self._workers = Workers(Translator(self.model, None, None, compile=self.compile,
+                self._workers = Workers(Translator(self.model, None, None, compile=self.compile, notes=note,
                                                    compile_cache=self.compile_cache), self.workers)
             return self._workers.decode(batches, beam, alpha, max_length, self.stop, sentences)
         except Exception as error:                                           # pickling, a worker that ended

@@ -53,7 +53,6 @@ class Workers:
     def __init__(self, translator, n: int) -> None:
         context = multiprocessing.get_context("spawn")
         self.key = (translator.model, translator.compile, translator.compile_cache)   # what the processes hold
-        translator.notes = note
         self.pipes, self.processes = [], []
         for _ in range(n):
             ours, theirs = context.Pipe()
