@@ -6,6 +6,7 @@ whole or not at all, a package that fails to build or to load decodes eagerly af
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -239,7 +240,8 @@ def test_a_build_that_fails_or_is_interrupted_leaves_nothing_and_decodes_eagerly
     _same(out, generate(model, src, Greedy(), max_len=9))
     failed = [n for n in notes if "failed" in n]
     assert len(failed) == 2 and "status 1" in failed[0] and "more detail" not in failed[0]   # source, step
-    assert list(tmp_path.rglob("*.*")) == []
+    measured = list(tmp_path.rglob("products-*.json"))                   # a fact about the CPU, not a build's
+    assert [p for p in tmp_path.rglob("*.*") if p not in measured] == []
 
     def interrupted(program, package_path, **kw):
         Path(package_path).write_bytes(b"half a package")
@@ -248,7 +250,26 @@ def test_a_build_that_fails_or_is_interrupted_leaves_nothing_and_decodes_eagerly
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", interrupted)
     with pytest.raises(KeyboardInterrupt):
         generate(model, src, Greedy(), max_len=9, compiled=CompiledDecoder(model, step, tmp_path))
-    assert list(tmp_path.rglob("*.*")) == []
+    assert [p for p in tmp_path.rglob("*.*") if p not in measured] == []
+
+
+def test_the_products_route_is_timed_once_per_cpu_and_thread_count_and_read_back(monkeypatch, tmp_path):
+    """`prepacks`: oneDNN's blocked weights or MKL, whichever ran the model's own decode_step faster, timed once and
+    kept; the file decides afterwards (a route fixed in the code, or timings not read back, would fail here)."""
+    model, threads = tiny(), torch.get_num_threads()
+    assert compiler.prepacks(model, threads + 1, tmp_path) == compiler.ONEDNN   # not this process's count: no timing
+    assert list(tmp_path.rglob("*")) == []
+    if not compiler.ONEDNN:
+        return
+    first = compiler.prepacks(model, threads, tmp_path)
+    [path] = tmp_path.rglob("products-*.json")
+    timings = json.loads(path.read_text())
+    assert first == (timings["onednn_s"] <= timings["mkl_s"]) and 0 < timings["mkl_s"] < 10
+    for onednn, mkl in ((1.0, 2.0), (2.0, 1.0)):                         # read back, not timed again
+        path.write_text(json.dumps({"onednn_s": onednn, "mkl_s": mkl}))
+        assert compiler.prepacks(model, threads, tmp_path) is (onednn <= mkl)
+    assert compiler.prepacks(tiny(d_ff=80), threads, tmp_path) in (True, False)   # another model: its own timing
+    assert len(list(tmp_path.rglob("products-*.json"))) == 2
 
 
 @pytest.mark.skipif(not HAS_CXX, reason="needs a C++ compiler")

@@ -370,6 +370,24 @@ def test_most_probable_is_the_best_non_pad_token_and_its_log_probability():
     assert torch.allclose(exact[:, 0], want.max(dim=-1).values, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("pad_id", [0, 150, 299])
+def test_the_traced_greedy_choice_is_the_eager_one_wherever_pad_lies(pad_id, monkeypatch):
+    """The formula a compiled step traces (slices around PAD, the largest logit from the best and PAD's) gives
+    the eager choice: PAD the largest logit, equal logits (the first id), PAD first, in the middle or last."""
+    from glassformer.decoding.candidates import most_probable
+
+    logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(2))
+    logits[0, pad_id] = 100.0                                                # PAD the best: exp(100 - 3) overflows
+    logits[1, 7] = logits[1, 290] = 40.0                                     # equals: the first id
+    logits[2, 299 if pad_id != 299 else 298] = 30.0                          # the best at the end
+    logits[3, 1 if pad_id != 1 else 2] = 30.0                                # and near the start
+    eager = most_probable(logits, pad_id)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    traced = most_probable(logits, pad_id)
+    assert torch.equal(traced[1], eager[1]) and traced[1][1, 0] == 7 and (traced[1] != pad_id).all()
+    assert torch.allclose(traced[0], eager[0], rtol=0, atol=1e-5) and torch.isfinite(traced[0]).all()
+
+
 def test_stop_top_ends_when_a_steps_best_candidate_finishes_and_can_cut_a_better_beam():
     """stop="top" (OpenNMT-py / CTranslate2): EOS is the best candidate of the first step, so the search ends
     there with []; the default bound keeps searching and finds A EOS, better once divided by its length."""

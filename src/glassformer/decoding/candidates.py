@@ -6,6 +6,7 @@ for the greedy choice, where a measurement keeps torch's own ops eagerly (`most_
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -28,10 +29,15 @@ def most_probable(logits: Tensor, pad_id: int) -> tuple[Tensor, Tensor]:
         allowed[:, pad_id] = -math.inf                                     # the others keep their values
         best, tokens = allowed.max(dim=-1, keepdim=True)                   # (rows, 1): one kernel
         return best.double() - torch.logsumexp(x.double(), dim=-1, keepdim=True), tokens
-    lse, index, allowed = _log_normalizer(x, pad_id)
-    best = allowed.amax(dim=-1, keepdim=True)                              # (rows, 1)
-    tokens = torch.where(allowed == best, index, x.size(-1)).amin(dim=-1, keepdim=True).long()
-    return best.double() - lse, tokens
+    vocab, pad = x.size(-1), x[:, pad_id: pad_id + 1]                       # (rows, 1) PAD's logit
+    parts = [(x[:, a:b], a) for a, b in ((0, pad_id), (pad_id + 1, vocab)) if b > a]   # the ids but PAD: slices,
+    best = functools.reduce(torch.maximum, [p.amax(dim=-1, keepdim=True) for p, _ in parts])   # not a mask (rows, 1)
+    top = torch.maximum(best, pad)                                         # the row's largest logit
+    total = functools.reduce(torch.add, [torch.exp(p - top).double().sum(dim=-1, keepdim=True) for p, _ in parts],
+                             torch.exp(pad - top).double())               # (rows, 1) float64
+    tokens = functools.reduce(torch.minimum, [torch.where(p == best, torch.arange(a, a + p.size(-1), dtype=x.dtype),
+                                                          vocab).amin(dim=-1, keepdim=True) for p, a in parts])
+    return best.double() - (top.double() + total.log()), tokens.long()
 
 
 def _log_normalizer(x: Tensor, pad_id: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -10,7 +10,7 @@
 """
 
 from .prepare import ONEDNN, PreparedLinear, prepare
-from .threads import SERIAL_MAX_ROWS, decoding_threads, serving_threads, training_threads, use_threads
+from .threads import SERIAL_MAX_ROWS, SERVING_THREADS, decoding_threads, training_threads, use_threads
 
-__all__ = ["prepare", "SERIAL_MAX_ROWS", "decoding_threads", "serving_threads", "training_threads",
+__all__ = ["prepare", "SERIAL_MAX_ROWS", "decoding_threads", "SERVING_THREADS", "training_threads",
            "use_threads", "ONEDNN", "PreparedLinear"]

@@ -4,16 +4,17 @@ compiler it needs, the build, the package's name and the folder packages are kep
     decoder = CompiledDecoder(model, step, cache_folder(None), notes=print)   # step: decoding/search.py's
     generate(model, src, BeamSearch(4), compiled=decoder)
 
-`torch.export` traces (every size symbolic), AOTInductor builds packages: `Source` (the encoder, each layer's
-`project_kv`; once per batch), `Step` (search.py's `step` over `prepare(model, onednn=False, path="glass")`) per beam
-size; the source side and greedy's step also for at most FEW_ROWS rows. Packages are named by what they compute,
-written whole or not at all; one that fails to build or load is one note, then that part runs eagerly.
+`torch.export` traces, AOTInductor builds: `Source` (the encoder, each layer's `project_kv`), `Step` (search.py's
+`step` over `prepare(model, onednn=False, path="glass")`) per beam, both also for at most FEW_ROWS rows. Packages are
+named by what they compute, written whole or not at all; one that fails to build or load: a note, then eager.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import math
 import os
 import platform
 import shutil
@@ -27,7 +28,8 @@ from torch import Tensor, nn
 from ..model.cache import GROW, KVCache
 from ..model.transformer import Transformer
 from ..paths import write_whole
-from .prepare import prepare
+from .precision import cpu_precision_support
+from .prepare import ONEDNN, prepare
 
 COMPILE_MODES = ("auto", "on", "off")
 AUTO_MIN_SENTENCES = 20_000    # auto builds for jobs that win a build back (~45 s: ~19,000 sentences at beam 4)
@@ -36,8 +38,8 @@ PACKAGES = "packages"          # below the cache folder: the .pt2 packages
 MAX_LEN = 512                  # longer max_len: decoded eagerly
 MAX_ROWS, FEW_ROWS = 1 << 14, 4   # rows a package accepts (sentences x beam); a "-few" package: at most 4
 TYPICAL = {"slots": 32, "source": 12, "positions": 47, "limit": 34}   # a batch's sizes: a many-row step's build
-# inductor's settings (docs/performance.md, same-process A/B): weights frozen, products on oneDNN's pre-blocked copy
-# (greedy batch 32 1.09-1.12x); a few rows on its C++ GEMM kernels, timed at the build (batch 1 1.2-2.2x)
+# inductor's settings (docs/performance.md): weights frozen, products on oneDNN's blocked copy or MKL, the faster here
+# (`prepacks`); a few rows on inductor's C++ GEMM kernels, timed at the build (batch 1 1.2-2.2x)
 FROZEN = {"freezing": True}
 FEW = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
        "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}   # its timings unprinted
@@ -178,10 +180,10 @@ class CompiledDecoder:
         beam, few = 0 if search is None else search.beam, kind.endswith("-few")
         module = Source(self.fast) if search is None else Step(self.fast, self.step_fn, search)
         what = ("the source side" if beam == 0 else f"the step for beam {beam}") + (" (a few rows)" if few else "")
-        configs = self._configs(kind)
         try:
             path = self._found(kind, search)
-            if path is None:
+            if path is None:                                                 # the products' route, measured here
+                configs = {**self._configs(kind), "cpp.weight_prepack": prepacks(self.model, self.threads, self.folder)}
                 example, dynamic = _shapes(inputs, beam, self.model.cfg.max_len, few)
                 with torch.no_grad():
                     program = torch.export.export(module, example, dynamic_shapes=dynamic)
@@ -223,15 +225,37 @@ class CompiledDecoder:
         return self.folder / PACKAGES / f"{kind}-{h.hexdigest()[:24]}.name"
 
 
+def prepacks(model: Transformer, threads: int, folder: Path) -> bool:
+    """Whether a step's products run faster on oneDNN's pre-blocked weights than on MKL's addmm on this CPU at
+    `threads`, the current count (else oneDNN where present): the model's own `decode_step` on two prepared copies
+    (8 steps of TYPICAL rows, alternating, best of 5), timed once and kept; the process's first build decides for it
+    (inductor registers its packing once a process). AMD Zen 4: oneDNN 1.09-1.12x; a Xeon with AMX: MKL 1.1-1.2x."""
+    if not ONEDNN or threads != torch.get_num_threads():
+        return ONEDNN
+    key = json.dumps([_machine(threads), sorted(cpu_precision_support().flags), repr(model.cfg)]).encode()
+    path = folder / PACKAGES / f"products-{hashlib.sha256(key).hexdigest()[:24]}.json"
+    if not path.exists():
+        copies, best = [prepare(model, onednn=on) for on in (True, False)], [math.inf] * 2
+        rows, tokens = TYPICAL["slots"], torch.full((TYPICAL["slots"], 1), model.cfg.bos_id)
+        memory = torch.randn(rows, TYPICAL["source"], model.cfg.d_model)                # (rows, src, d)
+        for _, (i, fast) in itertools.product(range(5), enumerate(copies)):
+            cache, began = fast.new_cache(), time.perf_counter()
+            for _ in range(8):
+                fast.decode_step(tokens, memory, None, cache)
+            best[i] = min(best[i], time.perf_counter() - began)
+        write_whole(path, lambda partial: partial.write_text(json.dumps({"onednn_s": best[0], "mkl_s": best[1]})))
+    timings = json.loads(path.read_text())
+    return timings["onednn_s"] <= timings["mkl_s"]
+
+
 def _machine(threads: int) -> dict:
     return {"torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(),
             "machine": platform.machine(), "threads": threads}
 
 
 def package_name(program: torch.export.ExportedProgram, configs: dict) -> str:
-    """A hash of what a package computes: the exported graph (operations and their arguments; no source lines
-    or paths), its symbolic sizes' ranges, its weights and constants, the build's inductor settings (threads
-    included) and its example inputs' sizes (what it was made for), torch and the CPU."""
+    """A hash of what a package computes: the exported graph (no source lines or paths), its sizes' ranges, weights
+    and constants, the build's inductor settings (threads included), its example sizes, torch and the CPU."""
     sizes = [list(t.shape) for t in torch.utils._pytree.tree_leaves(program.example_inputs)]
     h = hashlib.sha256(json.dumps([_machine(configs["cpp.threads"]), sorted(configs.items()), sizes]).encode())
     h.update(str(program.graph).encode())
@@ -255,9 +279,8 @@ def _load(path: Path) -> Callable:
 
 def _shapes(inputs: tuple, beam: int, max_len: int, few: bool = False) -> tuple[tuple, tuple]:
     """Inputs like `inputs` (Source's for beam 0, else Step's) with every size symbolic, and those sizes for
-    torch.export: sentences or slots, rows (slots x beam; `few`: at most FEW_ROWS), source positions, the output
-    limit, self-attention positions. The example's sizes are above 1 (tracing keeps them symbolic): 2 or 3, but a
-    many-row step's are a batch's (TYPICAL), the sizes from which inductor decides which loops threads share."""
+    torch.export: sentences or slots, rows (slots x beam; `few`: at most FEW_ROWS), source positions, output limit,
+    self-attention positions. Example sizes 2 or 3 (above 1: kept symbolic), a many-row step's a batch's (TYPICAL)."""
     Dim = torch.export.Dim
     typical = beam > 0 and not few
     n = {k: max(2, min(v, max_len - 1)) for k, v in TYPICAL.items()} if typical else dict.fromkeys(TYPICAL, 2)

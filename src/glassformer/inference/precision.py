@@ -5,17 +5,14 @@
     logits = fast.decode_step(tokens, memory, src_pad, cache)
 
 - float32: the reference; nothing to transform, the model itself is returned.
-- bfloat16: every nn.Linear multiplies in bfloat16 on a bf16 copy of its weights (made once, not per call
-  as autocast would), and its output is cast back to float32. So only the products run in bf16: the
-  residual stream, LayerNorm, softmax, the embeddings and the logits stay float32 (bf16 keeps 8 bits of
-  mantissa; a bf16 residual stream and LayerNorm would add that rounding at every layer).
-- int8: every nn.Linear gets int8 weights with one scale per output channel, and its input is quantised
-  on the fly (one scale per row, symmetric): torchao's `quantize_` with `Int8DynamicActivationInt8WeightConfig`
-  when torchao is installed, else `torch.ao.quantization.quantize_dynamic` with per-channel weights
-  (deprecated by PyTorch in favour of torchao; used only where torch still has it).
+- bfloat16: every nn.Linear multiplies in bfloat16 on a bf16 copy of its weights (made once, not per call as
+  autocast would), its output cast back to float32: the residual stream, LayerNorm, softmax, the embeddings and
+  the logits stay float32 (bf16 keeps 8 bits of mantissa, which would round the residual at every layer).
+- int8: int8 weights with one scale per output channel, inputs quantised on the fly (one scale per row,
+  symmetric): torchao's `Int8DynamicActivationInt8WeightConfig`, else torch's deprecated `quantize_dynamic`.
 
-The glass box (the lab, `explain`, probes) keeps the float32 model. `cpu_precision_support()` reads the CPU's
-instructions, `precision_note(dtype)` says in one line when a precision is likely slower than float32 here.
+The glass box keeps the float32 model. `cpu_precision_support()` reads the CPU's instructions,
+`precision_note(dtype)` says in one line when a precision is likely slower than float32 here.
 """
 
 from __future__ import annotations

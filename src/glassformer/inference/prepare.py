@@ -3,11 +3,10 @@
     fast = prepare(model)                             # a copy: the model itself is untouched
     logits = fast.decode_step(tokens, fast.encode(src, src_pad), src_pad, fast.new_cache())   # the model's own
 
-The copy keeps the model's forwards; nn.Linear becomes `PreparedLinear`, self-attention `FusedSelfAttention` (Q,
-K, V from one product [W^Q | W^K | W^V]), hook points and dropout an `Inert` identity (to observe or intervene,
-run the model itself), attention runs on SDPA, every module is called straight through forward
-(`_direct`). Translation runs it eagerly; `prepare(model, onednn=False, direct=False)` is what the compiled step
-traces (compiler.py). Tests hold its tokens identical and its logits equal to the model's (tests/test_inference.py).
+The copy keeps the model's forwards; nn.Linear becomes `PreparedLinear`, self-attention `FusedSelfAttention` (one
+product [W^Q | W^K | W^V]), hook points and dropout an `Inert` identity (to observe, run the model itself), attention
+on SDPA, modules called straight through forward (`_direct`). `prepare(model, onednn=False, direct=False)` is what the
+compiled step traces. Tests hold its tokens identical, its logits equal to the model's (tests/test_inference.py).
 
 `PreparedLinear`: a step multiplies a handful of rows, so each product streams all of W; a wide W (out >= in:
 W^Q|W^K|W^V, W_1, the head) streams about twice as fast from a contiguous W^T (in, out). From PACKED_MIN_ROWS rows

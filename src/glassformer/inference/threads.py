@@ -1,8 +1,6 @@
-"""The thread policy: torch's intra-op thread count is process-wide, so it is set where a program starts (a
-CLI command, the lab server, a training run, a benchmark case), never inside library code. Decoding a few rows
-(batch 1, or one sentence with 4 beams): one thread (each operation is about as long as waking a second
-thread); larger batches and training: every core the process may use (split between DDP ranks); the lab: one
-thread, many small requests behind one lock (docs/performance.md)."""
+"""The thread policy: torch's thread count is process-wide, so it is set where a program starts (a command, the lab
+server, training, a benchmark case), never in library code. A few rows a step (batch 1, one sentence with 4 beams):
+one thread; larger batches and training: every usable core (split between DDP ranks); the lab: one thread."""
 
 from __future__ import annotations
 
@@ -13,6 +11,8 @@ from typing import Iterator
 import torch
 
 SERIAL_MAX_ROWS = 4            # up to 4 rows per step (batch 1, or one sentence with 4 beams): one thread
+LESSON_THREADS = 1             # the lesson's traces and checks: tiny tensors, a second thread only waits
+SERVING_THREADS = 1            # the lab server: small requests, more threads only add synchronisation
 
 
 def usable_cores() -> int:
@@ -26,16 +26,6 @@ def usable_cores() -> int:
 def training_threads(world: int = 1, requested: int | None = None) -> int:
     """Threads per training process: `requested`, else the usable cores shared by the `world` ranks."""
     return requested if requested else max(1, usable_cores() // max(1, world))
-
-
-def lesson_threads() -> int:
-    """The lesson's traces and checks: one thread (tiny tensors; a second thread only waits)."""
-    return 1
-
-
-def serving_threads() -> int:
-    """The lab server: one thread (requests are small; more threads only add synchronisation)."""
-    return 1
 
 
 def decoding_threads(rows: int, available: int | None = None) -> int:

@@ -9,7 +9,7 @@ import webbrowser
 import torch
 
 from ..errors import UsageError
-from ..inference.threads import serving_threads
+from ..inference.threads import SERVING_THREADS
 from .api import LabAPI
 
 
@@ -34,7 +34,7 @@ def lab_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--port must be in [0, 65535], got {args.port}")
     # Many small requests, one model behind a lock: intra-op threads only add synchronisation
     # (measured: a 9-unit sentence 11 ms with 1 thread, ~200 ms with 2 on a busy 2-core machine).
-    torch.set_num_threads(serving_threads())
+    torch.set_num_threads(SERVING_THREADS)
     api = LabAPI(model_dir=args.model)
     model = api.lab_model                             # load now: a bad --model fails before serving
     if args.export:

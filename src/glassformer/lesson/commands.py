@@ -12,7 +12,7 @@ import torch
 
 from .. import limits
 from ..errors import UsageError
-from ..inference.threads import lesson_threads
+from ..inference.threads import LESSON_THREADS
 from ..validation import load_json
 from . import claims
 from . import examples as ex
@@ -44,7 +44,7 @@ def trace_command(args: argparse.Namespace) -> int:
     if args.indent is not None and args.indent < 0:
         raise UsageError(f"--indent: expected N >= 0, got {args.indent}")
     doc = read_spec(args.spec)
-    torch.set_num_threads(lesson_threads())
+    torch.set_num_threads(LESSON_THREADS)
     try:
         result = run_spec(doc)
     except UsageError as error:                          # name the file, as the JSON errors do
@@ -179,7 +179,7 @@ def add_lesson_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def lesson_command(args: argparse.Namespace) -> int:
-    torch.set_num_threads(lesson_threads())
+    torch.set_num_threads(LESSON_THREADS)
     results = lesson_results()
     if args.json:
         print(json.dumps(results, ensure_ascii=False, allow_nan=False))
@@ -200,7 +200,7 @@ def verify_command(args: argparse.Namespace) -> int:
     unknown = [i for i in args.ids if i.upper() not in claims.CHECKS]
     if unknown:
         raise UsageError(f"unknown claim ID {unknown[0]!r} (known: {', '.join(claims.CHECKS)})")
-    torch.set_num_threads(lesson_threads())
+    torch.set_num_threads(LESSON_THREADS)
     rows = [claims.run_check(i.upper()) for i in args.ids] if args.ids else claims.run_all()
     if args.json:
         print(json.dumps(claims.as_json(rows), ensure_ascii=False, allow_nan=False))
