@@ -38,11 +38,9 @@ PACKAGES = "packages"          # below the cache folder: the .pt2 packages
 MAX_LEN = 512                  # longer max_len: decoded eagerly
 MAX_ROWS, FEW_ROWS = 1 << 14, 4   # rows a package accepts (sentences x beam); a "-few" package: at most 4
 TYPICAL = {"slots": 32, "source": 12, "positions": 47, "limit": 34}   # a batch's sizes: a many-row step's build
-# inductor's settings (docs/performance.md): weights frozen, products on oneDNN's blocked copy or MKL, the faster here
-# (`prepacks`); a few rows on inductor's C++ GEMM kernels, timed at the build (batch 1 1.2-2.2x)
-FROZEN = {"freezing": True}
-FEW = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
-       "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}   # its timings unprinted
+FROZEN = {"freezing": True}   # weights frozen; products on oneDNN's blocked copy or MKL, the faster here (`prepacks`)
+FEW = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN", "cpp.weight_prepack": True,
+       "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}   # a few rows: timed GEMMs
 _USER_FOLDER = os.environ.get(CACHE_ENV)   # the user's choice, read before inductor sets its own default
 
 
@@ -142,6 +140,7 @@ class CompiledDecoder:
         self.positions = tuple(torch.tensor(i) for i in range(model.cfg.max_len))   # 0-dim: a step's `pos`
         self.parts: dict[str, Callable] = {}                                 # "source" / "beam4" -> package
         self._weights: str | None = None                                     # with the code's: a hash, once (_note)
+        self._packs: bool | None = None              # the products' route of the first build: inductor keeps it
 
     def source(self, cache: KVCache, src: Tensor, src_pad: Tensor, index: Tensor) -> None:
         """Each decoder layer's cross-attention K/V for the rows `index`, into `cache`."""
@@ -182,8 +181,10 @@ class CompiledDecoder:
         what = ("the source side" if beam == 0 else f"the step for beam {beam}") + (" (a few rows)" if few else "")
         try:
             path = self._found(kind, search)
-            if path is None:                                                 # the products' route, measured here
-                configs = {**self._configs(kind), "cpp.weight_prepack": prepacks(self.model, self.threads, self.folder)}
+            if path is None:                               # the products' route: a few rows oneDNN, else measured
+                packs = self._packs = self._packs if self._packs is not None else few or prepacks(
+                    self.model, self.threads, self.folder)
+                configs = {**self._configs(kind), "cpp.weight_prepack": packs}
                 example, dynamic = _shapes(inputs, beam, self.model.cfg.max_len, few)
                 with torch.no_grad():
                     program = torch.export.export(module, example, dynamic_shapes=dynamic)
