@@ -268,6 +268,9 @@ def test_the_products_route_is_timed_once_per_cpu_and_thread_count_and_read_back
     for onednn, mkl in ((1.0, 2.0), (2.0, 1.0)):                         # read back, not timed again
         path.write_text(json.dumps({"onednn_s": onednn, "mkl_s": mkl}))
         assert compiler.prepacks(model, threads, tmp_path) is (onednn <= mkl)
+    path.write_text('{"onednn_s": "fast"')                                 # damaged: timed again, replaced
+    assert compiler.prepacks(model, threads, tmp_path) in (True, False)
+    assert json.loads(path.read_text())["mkl_s"] > 0
     assert compiler.prepacks(tiny(d_ff=80), threads, tmp_path) in (True, False)   # another model: its own timing
     assert len(list(tmp_path.rglob("products-*.json"))) == 2
 

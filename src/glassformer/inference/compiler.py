@@ -11,6 +11,7 @@ named by what they compute, written whole or not at all; one that fails to build
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -38,9 +39,10 @@ PACKAGES = "packages"          # below the cache folder: the .pt2 packages
 MAX_LEN = 512                  # longer max_len: decoded eagerly
 MAX_ROWS, FEW_ROWS = 1 << 14, 4   # rows a package accepts (sentences x beam); a "-few" package: at most 4
 TYPICAL = {"slots": 32, "source": 12, "positions": 47, "limit": 34}   # a batch's sizes: a many-row step's build
-FROZEN = {"freezing": True}   # weights frozen; products on oneDNN's blocked copy or MKL, the faster here (`prepacks`)
-FEW = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN", "cpp.weight_prepack": True,
-       "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}   # a few rows: timed GEMMs
+FROZEN = {"freezing": True}     # weights frozen: products on oneDNN's blocked copy (MKL where faster: `prepacks`)
+UNFROZEN = {"freezing": False}  # weights as the graph's parameters: every product an MKL addmm, nothing packed
+FEW = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",   # a few rows: inductor's
+       "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}   # GEMMs, timed at the build
 _USER_FOLDER = os.environ.get(CACHE_ENV)   # the user's choice, read before inductor sets its own default
 
 
@@ -140,7 +142,7 @@ class CompiledDecoder:
         self.positions = tuple(torch.tensor(i) for i in range(model.cfg.max_len))   # 0-dim: a step's `pos`
         self.parts: dict[str, Callable] = {}                                 # "source" / "beam4" -> package
         self._weights: str | None = None                                     # with the code's: a hash, once (_note)
-        self._packs: bool | None = None              # the products' route of the first build: inductor keeps it
+        self._route = (model, self.threads, folder)                          # what `prepacks` times
 
     def source(self, cache: KVCache, src: Tensor, src_pad: Tensor, index: Tensor) -> None:
         """Each decoder layer's cross-attention K/V for the rows `index`, into `cache`."""
@@ -181,10 +183,8 @@ class CompiledDecoder:
         what = ("the source side" if beam == 0 else f"the step for beam {beam}") + (" (a few rows)" if few else "")
         try:
             path = self._found(kind, search)
-            if path is None:                               # the products' route: a few rows oneDNN, else measured
-                packs = self._packs = self._packs if self._packs is not None else few or prepacks(
-                    self.model, self.threads, self.folder)
-                configs = {**self._configs(kind), "cpp.weight_prepack": packs}
+            if path is None:                         # many rows: oneDNN's frozen blocked weights, or MKL if faster here
+                configs = {**self._configs(kind), **({} if few or prepacks(*self._route) else UNFROZEN)}
                 example, dynamic = _shapes(inputs, beam, self.model.cfg.max_len, few)
                 with torch.no_grad():
                     program = torch.export.export(module, example, dynamic_shapes=dynamic)
@@ -229,24 +229,25 @@ class CompiledDecoder:
 def prepacks(model: Transformer, threads: int, folder: Path) -> bool:
     """Whether a step's products run faster on oneDNN's pre-blocked weights than on MKL's addmm on this CPU at
     `threads`, the current count (else oneDNN where present): the model's own `decode_step` on two prepared copies
-    (8 steps of TYPICAL rows, alternating, best of 5), timed once and kept; the process's first build decides for it
-    (inductor registers its packing once a process). AMD Zen 4: oneDNN 1.09-1.12x; a Xeon with AMX: MKL 1.1-1.2x."""
+    (8 steps of TYPICAL rows, alternating, best of 5), timed once and kept. MKL: the weights left unfrozen (inductor
+    packs frozen ones, once registered, in every later build). AMD Zen 4: oneDNN 1.09-1.12x; a Xeon with AMX: MKL."""
     if not ONEDNN or threads != torch.get_num_threads():
         return ONEDNN
     key = json.dumps([_machine(threads), sorted(cpu_precision_support().flags), repr(model.cfg)]).encode()
     path = folder / PACKAGES / f"products-{hashlib.sha256(key).hexdigest()[:24]}.json"
-    if not path.exists():
-        copies, best = [prepare(model, onednn=on) for on in (True, False)], [math.inf] * 2
-        rows, tokens = TYPICAL["slots"], torch.full((TYPICAL["slots"], 1), model.cfg.bos_id)
-        memory = torch.randn(rows, TYPICAL["source"], model.cfg.d_model)                # (rows, src, d)
-        for _, (i, fast) in itertools.product(range(5), enumerate(copies)):
-            cache, began = fast.new_cache(), time.perf_counter()
-            for _ in range(8):
-                fast.decode_step(tokens, memory, None, cache)
-            best[i] = min(best[i], time.perf_counter() - began)
-        write_whole(path, lambda partial: partial.write_text(json.dumps({"onednn_s": best[0], "mkl_s": best[1]})))
-    timings = json.loads(path.read_text())
-    return timings["onednn_s"] <= timings["mkl_s"]
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):      # not timed yet, or a damaged file
+        timings = json.loads(path.read_text())
+        return float(timings["onednn_s"]) <= float(timings["mkl_s"])
+    copies, best = [prepare(model, onednn=on) for on in (True, False)], [math.inf] * 2
+    rows, tokens = TYPICAL["slots"], torch.full((TYPICAL["slots"], 1), model.cfg.bos_id)
+    memory = torch.randn(rows, TYPICAL["source"], model.cfg.d_model)                    # (rows, src, d)
+    for _, (i, fast) in itertools.product(range(5), enumerate(copies)):
+        cache, began = fast.new_cache(), time.perf_counter()
+        for _ in range(8):
+            fast.decode_step(tokens, memory, None, cache)
+        best[i] = min(best[i], time.perf_counter() - began)
+    write_whole(path, lambda part: part.write_text(json.dumps({"onednn_s": best[0], "mkl_s": best[1]})), replace=True)
+    return best[0] <= best[1]
 
 
 def _machine(threads: int) -> dict:

@@ -61,10 +61,8 @@ class PreparedLinear(nn.Module):
             out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.b, "none", [], "")
         elif self.wt is None:
             out = F.linear(rows, self.w, self.b)
-        elif self.b is None:
-            out = torch.mm(rows, self.wt)
-        else:
-            out = torch.addmm(self.b, rows, self.wt)                         # (rows, out)
+        else:                                                                # (rows, out)
+            out = torch.mm(rows, self.wt) if self.b is None else torch.addmm(self.b, rows, self.wt)
         return out.view(*x.shape[:-1], self.out_features)                   # (..., out)
 
 
