@@ -261,7 +261,9 @@ def test_the_products_route_is_timed_once_per_cpu_and_thread_count_and_read_back
     assert list(tmp_path.rglob("*")) == []
     if not compiler.ONEDNN:
         return
+    rng = torch.random.get_rng_state()
     first = compiler.prepacks(model, threads, tmp_path)
+    assert torch.equal(torch.random.get_rng_state(), rng)                  # the caller's random numbers untouched
     [path] = tmp_path.rglob("products-*.json")
     timings = json.loads(path.read_text())
     assert first == (timings["onednn_s"] <= timings["mkl_s"]) and 0 < timings["mkl_s"] < 10
