@@ -238,14 +238,15 @@ def prepacks(model: Transformer, threads: int, folder: Path) -> bool:
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):      # not timed yet, or a damaged file
         timings = json.loads(path.read_text())
         return float(timings["onednn_s"]) <= float(timings["mkl_s"])
-    copies, best = [prepare(model, onednn=on) for on in (True, False)], [math.inf] * 2
-    rows, tokens = TYPICAL["slots"], torch.full((TYPICAL["slots"], 1), model.cfg.bos_id)
-    memory = torch.randn(rows, TYPICAL["source"], model.cfg.d_model, generator=torch.Generator().manual_seed(0))
-    for _, (i, fast) in itertools.product(range(5), enumerate(copies)):
-        cache, began = fast.new_cache(), time.perf_counter()
-        for _ in range(8):
-            fast.decode_step(tokens, memory, None, cache)
-        best[i] = min(best[i], time.perf_counter() - began)
+    with torch.random.fork_rng(devices=[]):                                 # the caller's random numbers untouched
+        copies, best = [prepare(model, onednn=on) for on in (True, False)], [math.inf] * 2
+        rows, tokens = TYPICAL["slots"], torch.full((TYPICAL["slots"], 1), model.cfg.bos_id)
+        memory = torch.randn(rows, TYPICAL["source"], model.cfg.d_model)                # (rows, src, d)
+        for _, (i, fast) in itertools.product(range(5), enumerate(copies)):
+            cache, began = fast.new_cache(), time.perf_counter()
+            for _ in range(8):
+                fast.decode_step(tokens, memory, None, cache)
+            best[i] = min(best[i], time.perf_counter() - began)
     write_whole(path, lambda part: part.write_text(json.dumps({"onednn_s": best[0], "mkl_s": best[1]})), replace=True)
     return best[0] <= best[1]
 
