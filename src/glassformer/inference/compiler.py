@@ -142,7 +142,6 @@ class CompiledDecoder:
         self.positions = tuple(torch.tensor(i) for i in range(model.cfg.max_len))   # 0-dim: a step's `pos`
         self.parts: dict[str, Callable] = {}                                 # "source" / "beam4" -> package
         self._weights: str | None = None                                     # with the code's: a hash, once (_note)
-        self._route = (model, self.threads, folder)                          # what `prepacks` times
 
     def source(self, cache: KVCache, src: Tensor, src_pad: Tensor, index: Tensor) -> None:
         """Each decoder layer's cross-attention K/V for the rows `index`, into `cache`."""
@@ -184,7 +183,8 @@ class CompiledDecoder:
         try:
             path = self._found(kind, search)
             if path is None:                         # many rows: oneDNN's frozen blocked weights, or MKL if faster here
-                configs = {**self._configs(kind), **({} if few or prepacks(*self._route) else UNFROZEN)}
+                onednn = few or prepacks(self.model, self.threads, self.folder)
+                configs = {**self._configs(kind), **({} if onednn else UNFROZEN)}
                 example, dynamic = _shapes(inputs, beam, self.model.cfg.max_len, few)
                 with torch.no_grad():
                     program = torch.export.export(module, example, dynamic_shapes=dynamic)
