@@ -167,7 +167,7 @@ class Glassformer:
         if self.translator is not None:
             return self._in_workers(sources, beam, batch)
         out: list[list[int]] = [[] for _ in sources]
-        search = strategy(beam)
+        search = strategy(beam, scores=False)             # ids only, as CTranslate2 without return_scores
         with use_threads(decoding_threads(batch * beam, self.threads)):
             self._compile_buckets(sources, search, batch)
             for chunk in sorted_batches([len(s) for s in sources], batch):

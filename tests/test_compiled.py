@@ -90,6 +90,26 @@ def test_each_sentence_of_a_batch_gets_what_it_gets_alone(changes, search, n_bes
     _same(generate(model, src, search, compiled=eager_packages(model), **kw), alone)
 
 
+def test_greedy_without_scores_chooses_each_sentences_tokens_and_scores_nothing(eager_packages):
+    """Greedy(scores=False) (what the Translator runs: it keeps the ids only) skips the log-normaliser: every
+    sentence's tokens and where it ends are Greedy()'s, on the model, its prepared copy and the step's package
+    inputs (its own package kind, not the scored one's); its hypotheses' scores are NaN, not a number that
+    looks like a log-probability."""
+    model = eos_likely()
+    src = sources(batch=7)
+    limits = torch.tensor([3, 12, 5, 1, 9, 7, 20])
+    want = generate(model, src, Greedy(), max_len=limits)
+    assert len({len(h[0].tokens) for h in want}) >= 3 and any(h[0].finished for h in want)
+    decoder = eager_packages(model)
+    for got in (generate(model, src, Greedy(scores=False), max_len=limits),
+                generate(prepare(model), src, Greedy(scores=False), max_len=limits),
+                generate(model, src, Greedy(scores=False), max_len=limits, compiled=decoder)):
+        assert [(h[0].tokens, h[0].finished) for h in got] == [(h[0].tokens, h[0].finished) for h in want]
+        assert all(math.isnan(h[0].score) and math.isnan(h[0].normalized) for h in got)
+    assert "greedy" in decoder.parts and "beam1" not in decoder.parts
+    assert Greedy().kind == "beam1" and Greedy(scores=False).kind == "greedy" and BeamSearch(4).kind == "beam4"
+
+
 def test_a_source_of_only_pad_and_outputs_past_the_first_buffer(eager_packages):
     """A row with no source key reads zero from cross-attention (the model's rule), never NaN; outputs longer
     than the cache's first buffer (GROW positions) decode as the model's."""

@@ -386,6 +386,11 @@ def test_the_traced_greedy_choice_is_the_eager_one_wherever_pad_lies(pad_id, mon
     traced = most_probable(logits, pad_id)
     assert torch.equal(traced[1], eager[1]) and traced[1][1, 0] == 7 and (traced[1] != pad_id).all()
     assert torch.allclose(traced[0], eager[0], rtol=0, atol=1e-5) and torch.isfinite(traced[0]).all()
+    ids_only = most_probable(logits, pad_id, normalise=False)                # the same choice, no normaliser
+    assert ids_only[0] is None and torch.equal(ids_only[1], eager[1])
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    assert most_probable(logits, pad_id, normalise=False)[0] is None
+    assert torch.equal(most_probable(logits, pad_id, normalise=False)[1], eager[1])
 
 
 def test_stop_top_ends_when_a_steps_best_candidate_finishes_and_can_cut_a_better_beam():

@@ -14,9 +14,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def most_probable(logits: Tensor, pad_id: int) -> tuple[Tensor, Tensor]:
+def most_probable(logits: Tensor, pad_id: int, normalise: bool = True) -> tuple[Tensor | None, Tensor]:
     """Each row's most probable next token (never PAD) and its float64 log-probability logit - logsumexp(logits).
-    logits (rows, vocab) -> (rows, 1) float64, (rows, 1) ids.
+    logits (rows, vocab) -> (rows, 1) float64, (rows, 1) ids. normalise=False: the ids only (None for the
+    log-probabilities), no pass of exponentials over the table (CTranslate2's greedy search without scores).
 
     Traced for a compiled step: the exponentials in the logits' precision summed in float64 (`_log_normalizer`),
     and the best by plain reductions (its value, then its first id), loops of the step's own kernel, which vectorise
@@ -28,16 +29,18 @@ def most_probable(logits: Tensor, pad_id: int) -> tuple[Tensor, Tensor]:
         allowed = x.clone()
         allowed[:, pad_id] = -math.inf                                     # the others keep their values
         best, tokens = allowed.max(dim=-1, keepdim=True)                   # (rows, 1): one kernel
-        return best.double() - torch.logsumexp(x.double(), dim=-1, keepdim=True), tokens
+        return (best.double() - torch.logsumexp(x.double(), dim=-1, keepdim=True) if normalise else None), tokens
     vocab, pad = x.size(-1), x[:, pad_id: pad_id + 1]                       # (rows, 1) PAD's logit
     parts = [(x[:, a:b], a) for a, b in ((0, pad_id), (pad_id + 1, vocab)) if b > a]   # the ids but PAD: slices,
     best = functools.reduce(torch.maximum, [p.amax(dim=-1, keepdim=True) for p, _ in parts])   # not a mask (rows, 1)
+    tokens = functools.reduce(torch.minimum, [torch.where(p == best, torch.arange(a, a + p.size(-1), dtype=x.dtype),
+                                                          vocab).amin(dim=-1, keepdim=True) for p, a in parts]).long()
+    if not normalise:
+        return None, tokens
     top = torch.maximum(best, pad)                                         # the row's largest logit
     total = functools.reduce(torch.add, [torch.exp(p - top).double().sum(dim=-1, keepdim=True) for p, _ in parts],
                              torch.exp(pad - top).double())               # (rows, 1) float64
-    tokens = functools.reduce(torch.minimum, [torch.where(p == best, torch.arange(a, a + p.size(-1), dtype=x.dtype),
-                                                          vocab).amin(dim=-1, keepdim=True) for p, a in parts])
-    return best.double() - (top.double() + total.log()), tokens.long()
+    return best.double() - (top.double() + total.log()), tokens
 
 
 def _log_normalizer(x: Tensor, pad_id: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -116,6 +116,12 @@ class Search:
     first (decoding/candidates.py: no sort of a (rows, vocab) table)."""
 
     beam = 1
+    scores = True       # hypotheses get their scores (Greedy(scores=False): ids only)
+
+    @property
+    def kind(self) -> str:
+        """The strategy's name for what a compiled step computes (inference/compiler.py's packages)."""
+        return f"beam{self.beam}"
 
     def rank(self, logits: Tensor, scores: Tensor, pad: int) -> tuple[Tensor, Tensor, Tensor]:
         """logits (sent*K, vocab), scores (sent, K) -> candidates' scores, tokens, parents, each (sent, C)."""
@@ -155,14 +161,24 @@ class Search:
 
 
 class Greedy(Search):
-    """The most probable next token of each sentence: one beam, one candidate."""
+    """The most probable next token of each sentence: one beam, one candidate. scores=False: the tokens only, for
+    a caller that keeps nothing else (the Translator): no log-normaliser over the vocabulary at each step (which
+    chooses nothing in greedy search), and hypotheses with a NaN score."""
 
     beam = 1
 
+    def __init__(self, scores: bool = True) -> None:
+        self.scores = scores
+
+    @property
+    def kind(self) -> str:
+        return "beam1" if self.scores else "greedy"
+
     def rank(self, logits: Tensor, scores: Tensor, pad: int) -> tuple[Tensor, Tensor, Tensor]:
-        """logits (sent, vocab), scores (sent, 1) -> each row's best: score, token, parent (0), each (sent, 1)."""
-        log_probs, tokens = most_probable(logits, pad)                      # (sent, 1) float64, ids
-        return scores + log_probs, tokens, torch.zeros_like(tokens)
+        """logits (sent, vocab), scores (sent, 1) -> each row's best: score, token, parent (0), each (sent, 1)
+        (scores=False: the scores as they were, 0 while live)."""
+        log_probs, tokens = most_probable(logits, pad, self.scores)         # (sent, 1) float64 or None, ids
+        return scores if log_probs is None else scores + log_probs, tokens, torch.zeros_like(tokens)
 
 
 class BeamSearch(Search):
@@ -180,16 +196,16 @@ class BeamSearch(Search):
         return best_continuations(logits, scores, pad, 2 * self.beam)
 
 
-def strategy(beam: int) -> Greedy | BeamSearch:
-    """Greedy for beam 1, beam search otherwise."""
-    return Greedy() if beam == 1 else BeamSearch(beam)
+def strategy(beam: int, scores: bool = True) -> Greedy | BeamSearch:
+    """Greedy for beam 1 (scores=False: without hypothesis scores), beam search otherwise."""
+    return Greedy(scores) if beam == 1 else BeamSearch(beam)
 
 
 # ---- finished hypotheses ------------------------------------------------------------------
 @dataclass
 class Hypothesis:
-    """A finished beam: generated ids (EOS excluded), summed log-prob, its length-penalised score, and
-    whether it ended with EOS (False: cut at the output limit)."""
+    """A finished beam: generated ids (EOS excluded), summed log-prob, its length-penalised score (both NaN from
+    Greedy(scores=False)), and whether it ended with EOS (False: cut at the output limit)."""
 
     tokens: list[int]
     score: float
@@ -290,7 +306,7 @@ def _initial(sentences: int, n_slots: int, K: int, limits: Tensor, bos: int, dev
 
 
 def _finish(advance: Advance, slots: Slots, length: int, sentence: list[int], finished: list[_Finished],
-            eos: int, alpha: float, stop: str) -> tuple[Tensor, Tensor]:
+            eos: int, alpha: float, stop: str, scored: bool = True) -> tuple[Tensor, Tensor]:
     """Record the hypotheses this step finished (host work, only on a step with events); the slots'
     new `worst` and the sentences now done."""
     worst = slots.worst
@@ -301,7 +317,7 @@ def _finish(advance: Advance, slots: Slots, length: int, sentence: list[int], fi
         rows = [slot * K + parents[slot][c] for slot, c in ended]           # the rows they continue
         history = slots.history[rows, : length - 1].tolist()                 # (ended, length - 1)
         for (slot, c), ids in zip(ended, history, strict=True):
-            score, token = scores[slot][c], tokens[slot][c]
+            score, token = scores[slot][c] if scored else math.nan, tokens[slot][c]
             hyp = Hypothesis(ids + ([] if token == eos else [token]), score,
                              length_normalized(score, length, alpha), finished=token == eos)
             worsts[slot] = finished[sentence[slot]].add(hyp)
@@ -363,7 +379,7 @@ def generate(model, src: Tensor, search: Search, src_pad: Tensor | None = None,
         if not advance.events.item():                                        # nothing ended: the beams go on
             slots = Slots(advance.tokens, advance.scores, slots.limits, slots.live, slots.worst, advance.history)
             continue
-        worst, done = _finish(advance, slots, length, sentence, finished, cfg.eos_id, alpha, stop)
+        worst, done = _finish(advance, slots, length, sentence, finished, cfg.eos_id, alpha, stop, search.scores)
         live = slots.live & ~done
         slots = Slots(advance.tokens, advance.scores, slots.limits, live, worst, advance.history)
         alive = int(live.sum())
@@ -383,7 +399,7 @@ def generate(model, src: Tensor, search: Search, src_pad: Tensor | None = None,
 def greedy(model, src: Tensor, src_pad: Tensor | None = None, max_len: int | Tensor | None = None
            ) -> list[list[int]]:
     """Most probable next token at every step, for a batch of sentences; ids without BOS/EOS."""
-    return [hyps[0].tokens for hyps in generate(model, src, Greedy(), src_pad, max_len=max_len)]
+    return [hyps[0].tokens for hyps in generate(model, src, Greedy(scores=False), src_pad, max_len=max_len)]
 
 
 def beam_search(model, src: Tensor, src_pad: Tensor | None = None, beam: int = 4,

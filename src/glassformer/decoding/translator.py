@@ -105,7 +105,7 @@ class Translator:
         count, for --compile auto)."""
         if not batches:
             return []
-        search, pad_id = strategy(beam), self.model.cfg.pad_id
+        search, pad_id = strategy(beam, scores=False), self.model.cfg.pad_id  # only the ids are kept
         model, compiled = self._decoder(sentences, search)
         found = []
         for batch in batches:

@@ -161,7 +161,7 @@ class CompiledDecoder:
         inputs = (*slots, self.positions[length - 1], alpha, src_pad, [cache.k[a] for a in self.selfs],
                   [cache.v[a] for a in self.selfs], *([kv[i] for kv in cache.cross.values()] for i in (0, 1)))
         few = search.beam == 1 and slots[0].size(0) <= FEW_ROWS
-        out = self._part(f"beam{search.beam}" + ("-few" if few else ""), search, inputs)(*inputs)
+        out = self._part(search.kind + ("-few" if few else ""), search, inputs)(*inputs)
         n, layers = len(out) - 2 * len(self.selfs), len(self.selfs)
         cache.k, cache.v = (dict(zip(self.selfs, out[i: i + layers], strict=True)) for i in (n, n + layers))
         cache.advance(1)
@@ -169,7 +169,7 @@ class CompiledDecoder:
 
     def built(self, search) -> bool:
         """Whether both source sides and the steps of `search` were built before (no trace: their recipes' notes)."""
-        kinds = [f"beam{search.beam}"] + (["beam1-few"] if search.beam == 1 else [])
+        kinds = [search.kind] + ([f"{search.kind}-few"] if search.beam == 1 else [])
         return all(self._found(k, s) is not None for k, s in (("source", None), ("source-few", None),
                                                               *((k, search) for k in kinds)))
 
