@@ -17,6 +17,7 @@ import torch
 from glassformer.decoding.search import SENTENCE_BUCKETS, BeamSearch, Greedy, bucket, generate, step
 from glassformer.inference import compiler, prepare
 from glassformer.inference.compiler import CompiledDecoder, unsupported
+from glassformer.inference.precision import with_precision
 from glassformer.model import Transformer
 from glassformer.model.config import ModelConfig
 
@@ -131,6 +132,8 @@ def test_models_the_compiled_step_does_not_run_are_named():
     assert unsupported(tiny()) is None
     assert "rope" in unsupported(tiny(positions="rope"))
     assert "max_len" in unsupported(tiny(max_len=600))
+    assert unsupported(with_precision(tiny(), "bfloat16", note=False)) is None              # a bfloat16 copy
+    assert "bfloat16" in unsupported(tiny().to(torch.bfloat16))              # its weights cast, no precision copy
 
 
 def test_compile_mode(monkeypatch):
@@ -245,6 +248,27 @@ def test_compiled_packages_give_the_models_tokens_and_a_second_decoder_builds_no
     finally:
         torch.export.export = export
     assert again == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_CXX, reason="needs a C++ compiler")
+def test_a_bfloat16_copy_compiles_and_decodes_as_it_does_eagerly(tmp_path):
+    """precision.py's bfloat16 copy, compiled (every product on inductor's GEMMs, FEW's settings): the copy's own
+    tokens and, to bfloat16's rounding, scores for a batch whose sentences end at different steps (the float32
+    model's are not these: its scores differ by ~0.07 here, so a step built from the float32 weights fails)."""
+    model = eos_likely()
+    copy = with_precision(model, "bfloat16", note=False)
+    notes: list[str] = []
+    decoder = CompiledDecoder(copy, step, tmp_path, notes.append, threads=1)
+    assert decoder.bf16 and all(decoder._configs(k)["max_autotune"] for k in ("source", "beam1", "beam1-few"))
+    src = sources(batch=7)
+    want = generate(copy, src, Greedy(), max_len=20)
+    got = generate(copy, src, Greedy(), max_len=20, compiled=decoder)
+    assert sum("built in" in n for n in notes) == 3 and not any("failed" in n for n in notes), notes
+    assert [h[0].tokens for h in got] == [h[0].tokens for h in want] and len({len(h[0].tokens) for h in got}) >= 2
+    assert max(abs(a[0].score - b[0].score) for a, b in zip(got, want, strict=True)) < 1e-2
+    float32 = generate(model, src, Greedy(), max_len=20)
+    assert max(abs(a[0].score - b[0].score) for a, b in zip(got, float32, strict=True)) > 1e-2
 
 
 @pytest.mark.skipif(not HAS_CXX, reason="needs a C++ compiler")

@@ -276,7 +276,8 @@ def test_dtype_decodes_through_a_converted_copy_and_names_bad_values(model_dir, 
         assert code == 0 and len(out.splitlines()) == 2
         args = argparse.Namespace(model=str(model_dir), device="cpu", beam=1, alpha=None, max_length=None,
                                   dtype=dtype)
-        assert precision_of(_translator(args)[0].model) == dtype
+        translator = _translator(args)[0]
+        assert precision_of(translator.decoding_model()) == dtype and precision_of(translator.model) == "float32"
     with pytest.raises(SystemExit) as info:
         main(["translate", "--model", str(model_dir), "--dtype", "int4", "我"])
     err = capsys.readouterr().err
@@ -418,7 +419,9 @@ def test_translate_with_workers_prints_the_same_lines(model_dir, capsys, monkeyp
     assert "decoding in 2 worker processes" in err                           # it did not decode in-process
 
 
-def test_workers_decode_float32_models_only_and_say_so(model_dir):
+def test_workers_decode_at_the_translators_precision_and_refuse_a_converted_model(model_dir):
+    """precision = "bfloat16": each worker converts its copy of the float32 model and prints what the process
+    prints at that precision; a bfloat16 copy set as the model itself (unpicklable) is one note, decoded here."""
     from glassformer.inference.precision import with_precision
 
     lines = ["我很好。", "你叫什么名字？", "谢谢你！", "我们明天去学校。", "他喜欢喝茶。"]
@@ -428,4 +431,14 @@ def test_workers_decode_float32_models_only_and_say_so(model_dir):
     notes = []
     translator.workers, translator.notes = 2, notes.append
     assert translator.translate(lines) == expected and translator._workers is None       # no process started
-    assert notes == ["--workers 2: float32 models only, not bfloat16; decoding here"]
+    assert notes == ["--workers 2: a float32 model (with `precision` to decode at another), not a bfloat16 copy; "
+                     "decoding here"]
+    at = Translator.load(model_dir)
+    at.precision, at.batch_size = "bfloat16", 2
+    here = at.translate(lines)
+    at.workers, at.notes = 2, notes.append
+    try:
+        assert at.translate(lines) == here == expected and at._workers is not None
+        assert at._workers.key[3] == "bfloat16" and notes[-1] == "decoding in 2 worker processes, one thread each"
+    finally:
+        at.close()

@@ -48,7 +48,7 @@ def _add_decoding(parser: argparse.ArgumentParser, beam: int = 1) -> None:
 
 
 def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
-    """The `--dtype` option of translate / evaluate (read it with `with_precision(model, args.dtype)`)."""
+    """The `--dtype` option of translate / evaluate (the Translator's `precision`)."""
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "int8"), default="float32",
                         help="precision of the decoding products: float32 (default, the reference), bfloat16 "
                              "(bf16 products, fp32 LayerNorm/softmax) or int8 (int8 weights per output channel, "
@@ -58,7 +58,6 @@ def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
 
 def _translator(args):
     """The Translator of --model and the length penalty; the beam and --max-length within their limits first."""
-    from ..inference.precision import with_precision
     from .search import DEFAULT_ALPHA
     from .translator import Translator
     from .workers import check_workers
@@ -71,7 +70,8 @@ def _translator(args):
     if args.dtype == "int8":                       # stderr keeps our note: torchao's import logs notes on GPU
         logging.getLogger("torchao").setLevel(logging.ERROR)                 # kernels, torch.ao its deprecation
         warnings.filterwarnings("ignore", "torch.ao.quantization is deprecated|torch.quantize_per", Warning)
-    translator.model = with_precision(translator.model, args.dtype)          # float32: the model itself
+    translator.precision = args.dtype
+    translator.decoding_model()                                              # its copy now: a bad dtype, exit 2
     translator.compile, translator.notes = getattr(args, "compile", "off"), _stderr_note
     translator.stop = getattr(args, "stop", translator.stop)
     translator.workers = check_workers(getattr(args, "workers", 1))

@@ -12,7 +12,7 @@ from ..data.tokenize import SourceEncoding, SourceTokenizer, TargetTokenizer
 from ..errors import UsageError
 from ..inference import prepare
 from ..inference.compiler import CompiledDecoder, cache_folder, compile_mode, unsupported
-from ..inference.precision import precision_of
+from ..inference.precision import precision_of, with_precision
 from ..inference.threads import usable_cores
 from ..model import Transformer
 from .search import DEFAULT_ALPHA, DEFAULT_STOP, generate, step, strategy
@@ -25,9 +25,11 @@ class Translator:
     step compiled ahead of time for a float32 Transformer on the CPU, inference/compiler.py; auto: for jobs
     of more than AUTO_MIN_SENTENCES sentences when a C++ compiler is found); packages are kept under
     `compile_cache` (default: inference.compiler.cache_folder). `notes` hears one-line remarks (the CLI:
-    stderr). The thread count is the caller's (set at the entry point: threads.py). `workers` > 1: a job of
-    several batches is decoded in that many processes, one thread each (decoding/workers.py; CPU only); they
-    copy the model when they start: after changing its weights in place, `close()` them."""
+    stderr). `precision`: "float32" (the model), or "bfloat16" / "int8", decoding on a copy of the model made
+    once (`decoding_model`, inference/precision.py; bfloat16 also compiles). The thread count is the caller's (set
+    at the entry point: threads.py). `workers` > 1: a job of several batches is decoded in that many processes,
+    one thread each (decoding/workers.py; CPU only); they copy the model when they start (and make their own
+    copy at `precision`): after changing its weights in place, `close()` them."""
 
     def __init__(self, model, source: SourceTokenizer, target: TargetTokenizer,
                  device: str | torch.device = "cpu", batch_size: int = 64, compile: str = "off",
@@ -37,6 +39,8 @@ class Translator:
         self.batch_size = batch_size
         self.compile, self.notes, self.compile_cache = compile, notes, compile_cache
         self.stop = DEFAULT_STOP                                             # decoding/search.py STOP_RULES
+        self.precision = "float32"                                           # inference/precision.py DTYPES
+        self._copy: tuple | None = None                                      # (model, precision, its copy)
         self._compiled: CompiledDecoder | None = None                        # the model's packages, once loaded
         self.threads: int | None = None                  # the packages' thread count (default: the usable cores)
         self.workers, self._workers = 1, None            # decoding processes; started at the first long job
@@ -117,21 +121,31 @@ class Translator:
             found.append([h[0].tokens for h in hyps])
         return found
 
+    def decoding_model(self):
+        """The model at `precision`: the model itself for float32, else its copy (made at the first call after
+        the model or the precision changed; a UsageError when the precision cannot run here)."""
+        if self._copy is None or self._copy[0] is not self.model or self._copy[1] != self.precision:
+            self._copy = (self.model, self.precision, with_precision(self.model, self.precision))
+        return self._copy[2]
+
     def _in_workers(self, batches, beam: int, alpha: float, max_length: int | None, sentences: int):
         """The batches decoded by the worker processes (started for this model at the first call), or None after
         a one-line note when they cannot be started or fail (the job is then decoded here)."""
         from .workers import Workers, note
         if not isinstance(self.model, Transformer) or precision_of(self.model) != "float32":   # copies: unpicklable
-            self._note(f"--workers {self.workers}: float32 models only, not {precision_of(self.model)}; decoding here")
+            self._note(f"--workers {self.workers}: a float32 model (with `precision` to decode at another), not a "
+                       f"{precision_of(self.model)} copy; decoding here")
             return None
         try:
             w = self._workers
-            if w is None or w.key[0] is not self.model or w.key[1:] != (self.compile, self.compile_cache) \
-                    or len(w.pipes) != self.workers:
+            held = (self.compile, self.compile_cache, self.precision)
+            if w is None or w.key[0] is not self.model or w.key[1:] != held or len(w.pipes) != self.workers:
                 self.close()
                 self._note(f"decoding in {self.workers} worker processes, one thread each")
-                self._workers = Workers(Translator(self.model, None, None, compile=self.compile, notes=note,
-                                                   compile_cache=self.compile_cache), self.workers)
+                copy = Translator(self.model, None, None, compile=self.compile, notes=note,
+                                  compile_cache=self.compile_cache)
+                copy.precision = self.precision                              # each worker makes its own copy
+                self._workers = Workers(copy, self.workers)
             return self._workers.decode(batches, beam, alpha, max_length, self.stop, sentences)
         except Exception as error:                                           # pickling, a worker that ended
             self._note(f"--workers {self.workers}: {type(error).__name__}: {str(error)[:160]}; decoding here")
@@ -149,7 +163,7 @@ class Translator:
         object: a model still training decodes with compile off) when compiling, else `prepare(model)` for a
         float32 Transformer (its weights copied now: a model still training is read afresh at each call) or
         the model as it is (a bfloat16 / int8 copy)."""
-        model = self.model
+        model = self.decoding_model()
         if self.compile != "off" and self.device.type == "cpu" and unsupported(model) is None:
             on, note = compile_mode(self.compile, sentences, lambda: self._packages().built(search))
             if note:
@@ -160,9 +174,9 @@ class Translator:
         return (prepare(model) if fast else model), None
 
     def _packages(self) -> CompiledDecoder:
-        if self._compiled is None or self._compiled.model is not self.model:
-            self._compiled = CompiledDecoder(self.model, step, cache_folder(self.compile_cache), self._note,
-                                             self.threads or usable_cores())
+        if self._compiled is None or self._compiled.model is not self.decoding_model():
+            self._compiled = CompiledDecoder(self.decoding_model(), step, cache_folder(self.compile_cache),
+                                             self._note, self.threads or usable_cores())
         return self._compiled
 
     def _note(self, line: str) -> None:

@@ -52,7 +52,7 @@ class Workers:
 
     def __init__(self, translator, n: int) -> None:
         context = multiprocessing.get_context("spawn")
-        self.key = (translator.model, translator.compile, translator.compile_cache)   # what the processes hold
+        self.key = (translator.model, translator.compile, translator.compile_cache, translator.precision)   # held
         self.pipes, self.processes = [], []
         for _ in range(n):
             ours, theirs = context.Pipe()

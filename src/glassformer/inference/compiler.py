@@ -5,8 +5,9 @@ compiler it needs, the build, the package's name and the folder packages are kep
     generate(model, src, BeamSearch(4), compiled=decoder)
 
 `torch.export` traces, AOTInductor builds: `Source` (the encoder, each layer's `project_kv`), `Step` (search.py's
-`step` over `prepare(model, onednn=False, path="glass")`) per beam, both also for at most FEW_ROWS rows. Packages are
-named by what they compute, written whole or not at all; one that fails to build or load: a note, then eager.
+`step` over `prepare(model, onednn=False, path="glass")`) per beam, both also for at most FEW_ROWS rows; a bfloat16
+copy's products on inductor's GEMMs (AMX where the CPU has it). Packages are named by what they compute, written
+whole or not at all; one that fails to build or load: a note, then eager.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from torch import Tensor, nn
 from ..model.cache import GROW, KVCache
 from ..model.transformer import Transformer
 from ..paths import write_whole
-from .precision import cpu_precision_support
+from .precision import cpu_precision_support, precision_of
 from .prepare import ONEDNN, prepare
 
 COMPILE_MODES = ("auto", "on", "off")
@@ -37,12 +38,13 @@ AUTO_MIN_SENTENCES = 20_000    # auto builds for jobs that win a build back (~45
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 PACKAGES = "packages"          # below the cache folder: the .pt2 packages
 MAX_LEN = 512                  # longer max_len: decoded eagerly
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}   # a model's precision (precision.py): its weights
 MAX_ROWS, FEW_ROWS = 1 << 14, 4   # rows a package accepts (sentences x beam); a "-few" package: at most 4
 TYPICAL = {"slots": 32, "source": 12, "positions": 47, "limit": 34}   # a batch's sizes: a many-row step's build
 FROZEN = {"freezing": True}     # weights frozen: products on oneDNN's blocked copy (MKL where faster: `prepacks`)
 UNFROZEN = {"freezing": False}  # weights as the graph's parameters: every product an MKL addmm, nothing packed
-FEW = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",   # a few rows: inductor's
-       "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}   # GEMMs, timed at the build
+FEW = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",   # a few rows, bfloat16:
+       "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}   # inductor's GEMMs, timed
 _USER_FOLDER = os.environ.get(CACHE_ENV)   # the user's choice, read before inductor sets its own default
 
 
@@ -84,9 +86,9 @@ def use_compile_cache(folder: str | os.PathLike | None = None) -> Path:
 
 def unsupported(model) -> str | None:
     """Why the compiled step does not run `model` (None when it does)."""
-    if not isinstance(model, Transformer) or getattr(model, "precision", "float32") != "float32" \
-            or model.head.weight.dtype != torch.float32:
-        return "not a float32 encoder-decoder Transformer"
+    if not isinstance(model, Transformer) or precision_of(model) not in DTYPES \
+            or model.head.weight.dtype != DTYPES[precision_of(model)]:
+        return "not a float32 or bfloat16 (precision.py) encoder-decoder Transformer"
     if model.cfg.positions not in ("sinusoidal", "learned", "none") or model.cfg.max_len > MAX_LEN:
         return f"{model.cfg.positions} positions, max_len {model.cfg.max_len} (at most {MAX_LEN})"
     return None
@@ -138,7 +140,7 @@ class CompiledDecoder:
         for embed in [e for e in (self.fast.src_embed, self.fast.tgt_embed) if e.sinusoidal]:   # before tracing
             embed.position_table(torch.float32, embed.token.weight.device)
         self.selfs = [layer.self_attention for layer in self.fast.decoder.layers]
-        self.threads = threads or torch.get_num_threads()
+        self.threads, self.bf16 = threads or torch.get_num_threads(), precision_of(model) == "bfloat16"
         self.positions = tuple(torch.tensor(i) for i in range(model.cfg.max_len))   # 0-dim: a step's `pos`
         self.parts: dict[str, Callable] = {}                                 # "source" / "beam4" -> package
         self._weights: str | None = None                                     # with the code's: a hash, once (_note)
@@ -183,7 +185,7 @@ class CompiledDecoder:
         try:
             path = self._found(kind, search)
             if path is None:                         # many rows: oneDNN's frozen blocked weights, or MKL if faster here
-                onednn = few or prepacks(self.model, self.threads, self.folder)
+                onednn = few or self.bf16 or prepacks(self.model, self.threads, self.folder)
                 configs = {**self._configs(kind), **({} if onednn else UNFROZEN)}
                 example, dynamic = _shapes(inputs, beam, self.model.cfg.max_len, few)
                 with torch.no_grad():
@@ -204,9 +206,9 @@ class CompiledDecoder:
         return self.parts[kind]
 
     def _configs(self, kind: str) -> dict:
-        """inductor's settings for `kind` (docs/performance.md): a many-row source on 1 thread, else the decoder's."""
+        """inductor's settings for `kind` (docs/performance.md): many-row source: 1 thread; bfloat16: FEW's GEMMs."""
         threads = 1 if kind == "source" else self.threads
-        return {**(FEW if kind.endswith("-few") else FROZEN), "cpp.threads": threads}
+        return {**(FEW if kind.endswith("-few") or self.bf16 else FROZEN), "cpp.threads": threads}
 
     def _found(self, kind: str, search) -> Path | None:       # the package the same recipe named, if still there
         note = self._note(kind, search)

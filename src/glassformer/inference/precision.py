@@ -132,8 +132,7 @@ def _swap_linears(model: nn.Module, make) -> None:
 
 
 def int8_backend() -> str:
-    """"torchao" when torchao's quantize_ is importable, else "torch.ao" when torch still has
-    quantize_dynamic, else a UsageError saying what to install."""
+    """"torchao" if its quantize_ imports, else "torch.ao" if torch has quantize_dynamic, else a UsageError."""
     try:
         from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_  # noqa: F401
         return "torchao"

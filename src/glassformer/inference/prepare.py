@@ -8,10 +8,9 @@ product [W^Q | W^K | W^V]), hook points and dropout an `Inert` identity (to obse
 on SDPA, modules called straight through forward (`_direct`). `prepare(model, onednn=False, direct=False)` is what the
 compiled step traces. Tests hold its tokens identical, its logits equal to the model's (tests/test_inference.py).
 
-`PreparedLinear`: a step multiplies a handful of rows, so each product streams all of W; a wide W (out >= in:
-W^Q|W^K|W^V, W_1, the head) streams about twice as fast from a contiguous W^T (in, out). From PACKED_MIN_ROWS rows
-on, oneDNN's pre-blocked W is faster still (MKL re-blocks W at every call); private ops, run only where `ONEDNN`
-finds them (tests hold both routes equal). Copies of the weights at that moment: prepare again after training.
+`PreparedLinear`: a step streams all of W for a handful of rows; a wide W (out >= in: W^Q|W^K|W^V, W_1, the head)
+streams about twice as fast as a contiguous W^T (in, out); from PACKED_MIN_ROWS rows on oneDNN's pre-blocked W (private
+ops, where `ONEDNN` finds them; tests hold both routes equal). Weights copied: prepare again after training.
 """
 
 from __future__ import annotations
@@ -56,14 +55,14 @@ class PreparedLinear(nn.Module):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.w, PACK_BATCH_HINT) if packs else None
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, x.size(-1))                                     # (rows, in)
+        rows = x.reshape(-1, x.size(-1)).to(self.w.dtype)                    # (rows, in): a bfloat16 copy's too
         if self.packed is not None and rows.size(0) >= PACKED_MIN_ROWS and x.dtype == torch.float32:
             out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.b, "none", [], "")
         elif self.wt is None:
             out = F.linear(rows, self.w, self.b)
         else:                                                                # (rows, out)
             out = torch.mm(rows, self.wt) if self.b is None else torch.addmm(self.b, rows, self.wt)
-        return out.view(*x.shape[:-1], self.out_features)                   # (..., out)
+        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)       # (..., out) in x's dtype
 
 
 class FusedSelfAttention(SelfAttention):
