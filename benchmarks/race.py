@@ -19,8 +19,9 @@ Systems: glassformer float32 / compiled (float32 on the compiled decoding step, 
 with --compiled; every row bucket run once before the timed rounds) / compiled-full (the same, a beam search stopped
 by CTranslate2's rule with a length penalty: once K hypotheses are in, stop="full", decoding/search.py) /
 compiled-inter (with more than one thread: the compiled step in `--threads` worker processes, one thread each,
-`Translator.workers`, decoding/workers.py; started and warmed before the timed rounds) / bfloat16 /
-int8 (glassformer.inference.precision),
+`Translator.workers`, decoding/workers.py; started and warmed before the timed rounds) / compiled-bfloat16 and
+compiled-bfloat16-inter (the same two layouts for the bfloat16 copy: its products on inductor's GEMMs, AMX where the
+CPU has it) / bfloat16 / int8 (glassformer.inference.precision, eagerly),
 CTranslate2 compute_type float32 / int8 / bfloat16 (those `ctranslate2.get_supported_compute_types("cpu")`
 lists), each in two thread layouts: one batch at a time on `--threads` intra-op threads, and (with more than one
 thread) `-inter`: `--threads` batches at a time on one thread each (its `inter_threads`, the layout CTranslate2
@@ -57,6 +58,7 @@ COMPILED = "glassformer/compiled"             # float32 on the compiled decoding
 COMPILED_RULE = "glassformer/compiled-full"    # the same, a beam search stopped by CTranslate2's rule (stop="full")
 INTER = "-inter"                              # batches in parallel, a thread each (CTranslate2's inter_threads)
 COMPILED_INTER = COMPILED + INTER             # the compiled step in --threads worker processes (Translator.workers)
+COMPILED_BF16 = COMPILED + "-bfloat16"        # the bfloat16 copy (precision.py) on its compiled step
 CT2_TYPES = ("float32", "int8", "bfloat16")
 FLOAT32 = ("glassformer/float32", COMPILED, COMPILED_RULE, COMPILED_INTER)   # glassformer's float32 systems
 HF_TYPES = ("float32", "bfloat16")
@@ -136,6 +138,8 @@ class Glassformer:
         if dtype == "compiled-full":                             # CTranslate2's rule (decoding/search.py)
             dtype, self.stop = "compiled", {"stop": "full"}
         self.compiled = self.translator = None
+        precision = "bfloat16" if dtype.startswith("compiled-bfloat16") else "float32"
+        dtype = dtype.replace("-bfloat16", "")
         if dtype == "compiled-inter":                            # the Translator's worker processes
             from glassformer.decoding.translator import Translator
             from glassformer.inference.compiler import cache_folder, use_compile_cache
@@ -143,14 +147,14 @@ class Glassformer:
             use_compile_cache()
             self.translator = Translator(model, None, None, compile="on", compile_cache=str(cache_folder()),
                                          notes=lambda line: print(line, file=sys.stderr))
-            self.translator.workers = threads
+            self.translator.workers, self.translator.precision = threads, precision
         elif dtype == "compiled":
             from glassformer.decoding.search import step
             from glassformer.inference.compiler import CompiledDecoder, cache_folder, use_compile_cache
 
             use_compile_cache()                                  # TORCHINDUCTOR_CACHE_DIR or the user cache
-            self.decoder = model
-            self.compiled = CompiledDecoder(model, step, cache_folder(), threads=threads)   # beams: built for them
+            self.decoder = with_precision(model, precision)
+            self.compiled = CompiledDecoder(self.decoder, step, cache_folder(), threads=threads)   # beams: for them
         else:
             self.decoder = _fast(model) if dtype == "float32" else with_precision(model, dtype)
 
@@ -397,7 +401,8 @@ def _seconds_per_call(run, budget: float) -> float:
 # ---- the driver ----------------------------------------------------------------------------------------
 
 def systems(args) -> list[str]:
-    compiled = [COMPILED, COMPILED_RULE] + ([COMPILED_INTER] if args.threads > 1 else [])
+    inter = [COMPILED_INTER, COMPILED_BF16 + INTER] if args.threads > 1 else []
+    compiled = [COMPILED, COMPILED_RULE, COMPILED_BF16, *inter]
     names = [f"glassformer/{d}" for d in GLASSFORMER] + (compiled if getattr(args, "compiled", False) else [])
     if args.ct2:
         import ctranslate2
