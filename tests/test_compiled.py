@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -269,6 +271,18 @@ def test_a_bfloat16_copy_compiles_and_decodes_as_it_does_eagerly(tmp_path):
     assert max(abs(a[0].score - b[0].score) for a, b in zip(got, want, strict=True)) < 1e-2
     float32 = generate(model, src, Greedy(), max_len=20)
     assert max(abs(a[0].score - b[0].score) for a, b in zip(got, float32, strict=True)) > 1e-2
+    # a fresh process that only loads them (as a --workers process does): no build, so AMX kernels need the
+    # process's AMX state asked for at the load; without it such a process dies of SIGILL
+    code = ("import json, sys, torch; sys.path.insert(0, sys.argv[1]); from test_compiled import *; "
+            "copy = with_precision(eos_likely(), 'bfloat16', note=False); "
+            "d = CompiledDecoder(copy, step, Path(sys.argv[2]), print, threads=1); "
+            "print(json.dumps([h[0].tokens for h in generate(copy, sources(batch=7), Greedy(), max_len=20, "
+            "compiled=d)]))")
+    done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent), str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [h[0].tokens for h in got]
+    assert "--compile" not in done.stdout                                    # loaded: nothing built, no failure
 
 
 @pytest.mark.skipif(not HAS_CXX, reason="needs a C++ compiler")

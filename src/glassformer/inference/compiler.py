@@ -278,6 +278,7 @@ def _tensors(h, named: dict):
 
 def _load(path: Path) -> Callable:
     """A package as a function of tensors and lists of tensors -> a flat tuple, on the C++ loader (performance.md)."""
+    torch.cpu._init_amx()       # AMX kernels need the process's AMX state: inductor asks at a build, not at a load
     runner = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
     return lambda *inputs: tuple(runner.boxed_run([t for x in inputs for t in (x if isinstance(x, list) else (x,))]))
 

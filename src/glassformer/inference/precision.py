@@ -93,8 +93,7 @@ def cpu_precision_support(cpuinfo: str = "/proc/cpuinfo") -> CpuSupport:
 
 
 def precision_note(dtype: str, support: CpuSupport | None = None, subject: str = "it") -> str | None:
-    """One line when the CPU lacks the instructions that make `dtype` pay; None when it has them
-    (or when the flags cannot be read, or for float32). `subject`: what to expect slower ("training")."""
+    """One line when the CPU lacks the instructions that make `dtype` pay, else None; `subject`: what is slower."""
     check_dtype(dtype)
     support = cpu_precision_support() if support is None else support
     if dtype == "float32" or not support.flags_known:
