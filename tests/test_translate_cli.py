@@ -442,3 +442,14 @@ def test_workers_decode_at_the_translators_precision_and_refuse_a_converted_mode
         assert at._workers.key[3] == "bfloat16" and notes[-1] == "decoding in 2 worker processes, one thread each"
     finally:
         at.close()
+
+
+def test_workers_keep_the_commands_warnings_filters(model_dir, capfd):
+    """--dtype int8 --workers 2: each worker makes its int8 copy (torch's deprecated quantisation, whose warnings the
+    command filters); the workers take the command's filters, so stderr holds the command's one note, not theirs."""
+    lines = ["我很好。", "你叫什么名字？", "谢谢你！", "我们明天去学校。"]
+    code = main(["translate", "--model", str(model_dir), "--batch-size", "1", "--dtype", "int8", "--workers", "2",
+                 *lines])
+    out, err = capfd.readouterr()
+    assert code == 0 and len(out.splitlines()) == 4
+    assert err.strip().splitlines() == ["glassformer: decoding in 2 worker processes, one thread each"], err

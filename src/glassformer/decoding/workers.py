@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing
 import sys
+import warnings
 from collections.abc import Sequence
 
 from ..errors import UsageError
@@ -56,7 +57,7 @@ class Workers:
         self.pipes, self.processes = [], []
         for _ in range(n):
             ours, theirs = context.Pipe()
-            process = context.Process(target=_serve, args=(theirs, translator), daemon=True)
+            process = context.Process(target=_serve, args=(theirs, translator, warnings.filters), daemon=True)
             process.start()
             theirs.close()
             self.pipes.append(ours)
@@ -94,15 +95,17 @@ def note(line: str) -> None:
     print(f"glassformer (worker): {line}", file=sys.stderr)
 
 
-def _serve(pipe, translator) -> None:
-    """A worker process's start and loop: one intra-op thread, the inductor cache of the job's command; then
-    (batches, beam, alpha, max_length, stop, sentences) in, target ids per batch (or one line of error) out."""
+def _serve(pipe, translator, filters: list) -> None:
+    """A worker process's start and loop: one intra-op thread, the inductor cache and the warnings filters of the
+    job's command; then (batches, beam, alpha, max_length, stop, sentences) in, target ids per batch (or one line
+    of error) out."""
     import signal
 
     import torch
 
     from ..inference.compiler import use_compile_cache
 
+    warnings.filters[:] = filters                         # what the command chose not to print (int8's deprecations)
     signal.signal(signal.SIGINT, signal.SIG_IGN)          # Ctrl-C is the Translator's process's to answer
     torch.set_num_threads(1)
     if translator.compile != "off":
