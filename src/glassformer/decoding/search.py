@@ -115,13 +115,8 @@ class Search:
     A strategy's `rank` turns next-token logits and the beams' scores into each sentence's candidates, best
     first (decoding/candidates.py: no sort of a (rows, vocab) table)."""
 
-    beam = 1
-    scores = True       # hypotheses get their scores (Greedy(scores=False): ids only)
-
-    @property
-    def kind(self) -> str:
-        """The strategy's name for what a compiled step computes (inference/compiler.py's packages)."""
-        return f"beam{self.beam}"
+    beam, kind = 1, "beam1"     # K beams; the name of what its compiled step computes (inference/compiler.py)
+    scores = True               # hypotheses get their scores (Greedy(scores=False): ids only)
 
     def rank(self, logits: Tensor, scores: Tensor, pad: int) -> tuple[Tensor, Tensor, Tensor]:
         """logits (sent*K, vocab), scores (sent, K) -> candidates' scores, tokens, parents, each (sent, C)."""
@@ -165,14 +160,8 @@ class Greedy(Search):
     a caller that keeps nothing else (the Translator): no log-normaliser over the vocabulary at each step (which
     chooses nothing in greedy search), and hypotheses with a NaN score."""
 
-    beam = 1
-
     def __init__(self, scores: bool = True) -> None:
-        self.scores = scores
-
-    @property
-    def kind(self) -> str:
-        return "beam1" if self.scores else "greedy"
+        self.scores, self.kind = scores, "beam1" if scores else "greedy"
 
     def rank(self, logits: Tensor, scores: Tensor, pad: int) -> tuple[Tensor, Tensor, Tensor]:
         """logits (sent, vocab), scores (sent, 1) -> each row's best: score, token, parent (0), each (sent, 1)
@@ -188,7 +177,7 @@ class BeamSearch(Search):
     def __init__(self, beam: int) -> None:
         if beam < 1:
             raise ValueError(f"beam must be >= 1, got {beam}")
-        self.beam = beam
+        self.beam, self.kind = beam, f"beam{beam}"
 
     def rank(self, logits: Tensor, scores: Tensor, pad: int) -> tuple[Tensor, Tensor, Tensor]:
         """logits (sent*K, vocab), scores (sent, K) -> the 2K best continuations of all K beams: scores, tokens,
