@@ -22,8 +22,9 @@ def most_probable(logits: Tensor, pad_id: int, normalise: bool = True) -> tuple[
     Traced for a compiled step: the vocabulary read around PAD in slices, the best by plain reductions (its value,
     then its first id) and the exponentials in the logits' precision summed in float64, loops of the step's own
     kernel, which vectorise where a max with indices does not. Eagerly those are ~13 ops of their own over the
-    (rows, vocab) table, so torch's max with indices and float64 logsumexp instead (5 ops): a greedy decode of the d128 2+2 model took 0.81x the
-    time at batch 1 and 0.83x at batch 32 (1 thread). The two agree to float rounding (tests/test_compiled.py)."""
+    (rows, vocab) table, so torch's max with indices and float64 logsumexp instead (5 ops): a greedy decode of the
+    d128 2+2 model took 0.81x the time at batch 1 and 0.83x at batch 32 (1 thread). The two agree to float rounding
+    (tests/test_compiled.py)."""
     x = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
     if not torch.compiler.is_compiling():
         allowed = x.clone()
