@@ -77,8 +77,7 @@ def cache_folder(folder: str | os.PathLike | None = None) -> Path:
 
 
 def use_compile_cache(folder: str | os.PathLike | None = None) -> Path:
-    """For an entry point (a command's or training's start): inductor's own kernel cache goes to
-    `cache_folder(folder)` (TORCHINDUCTOR_CACHE_DIR). Returns the folder; nothing is created."""
+    """For an entry point: inductor's kernel cache goes to `cache_folder(folder)` (returned; nothing created)."""
     path = cache_folder(folder)
     os.environ[CACHE_ENV] = str(path)
     return path
