@@ -323,6 +323,23 @@ def test_length_penalty_keeps_searching_after_the_first_finished_beam():
     assert longer == _every_path(table, 6, 1.0)[0][1]
 
 
+def test_one_beam_search_keeps_its_second_candidate_live_after_the_first_ends():
+    """BeamSearch(1) ranks 2 candidates: EOS on top finishes a hypothesis while the runner-up stays live, and the
+    longer sentence it reaches wins with alpha = 1 (greedy, one candidate, stops at the first EOS)."""
+
+    def table(prefix):
+        if prefix == ():
+            return {EOS: 0.5, A: 0.45, B: 0.05}
+        if prefix == (A,):
+            return {A: 0.95, EOS: 0.05}
+        return {EOS: 0.99, B: 0.01}
+
+    model, src = TableModel(table), torch.tensor([[3]])
+    assert greedy(model, src, max_len=6)[0] == []
+    assert beam_search(model, src, beam=1, alpha=1.0, max_len=6)[0] == [A, A]
+    assert penalised(math.log(0.45 * 0.95 * 0.99), 3, 1.0) > penalised(math.log(0.5), 1, 1.0)
+
+
 # ---- the best n of a row ----------------------------------------------------------------------
 @pytest.mark.parametrize("vocab", [4000, 4001, 1100, 200])
 def test_best_continuations_are_the_best_of_every_beam_and_token(vocab):

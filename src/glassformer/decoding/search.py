@@ -297,12 +297,16 @@ def _initial(sentences: int, n_slots: int, K: int, limits: Tensor, bos: int, dev
 def _finish(advance: Advance, slots: Slots, length: int, sentence: list[int], finished: list[_Finished],
             eos: int, alpha: float, stop: str, scored: bool = True) -> tuple[Tensor, Tensor]:
     """Record the hypotheses this step finished (host work, only on a step with events); the slots'
-    new `worst` and the sentences now done."""
-    worst = slots.worst
+    new `worst` and the sentences now done.
+
+    One candidate a sentence (greedy): a hypothesis that ends is its sentence done, which `advance.done` already
+    says, and no live beam has a finished one to beat: the same rules without `worst`'s host round trip."""
+    worst, K, single = slots.worst, slots.scores.size(1), advance.ranked.size(1) == 1
     ended = advance.ended.nonzero().tolist()                                 # [(slot, rank)], best first per slot
     if ended:                                                                # host lists: one copy each, not a
-        K, worsts = slots.scores.size(1), worst.tolist()                     # tensor op per hypothesis
-        scores, tokens, parents = (t.tolist() for t in (advance.ranked, advance.ranked_tokens, advance.ranked_parents))
+        worsts = worst.tolist()                                              # tensor op per hypothesis
+        scores = advance.ranked.tolist() if scored else None
+        tokens, parents = advance.ranked_tokens.tolist(), advance.ranked_parents.tolist()
         rows = [slot * K + parents[slot][c] for slot, c in ended]           # the rows they continue
         history = slots.history[rows, : length - 1].tolist()                 # (ended, length - 1)
         for (slot, c), ids in zip(ended, history, strict=True):
@@ -311,23 +315,25 @@ def _finish(advance: Advance, slots: Slots, length: int, sentence: list[int], fi
                              length_normalized(score, length, alpha), finished=token == eos)
             worsts[slot] = finished[sentence[slot]].add(hyp)
             finished[sentence[slot]].top |= c == 0                           # the step's best candidate ended
-        worst = torch.tensor(worsts, dtype=worst.dtype, device=worst.device)
+        if not single:
+            worst = torch.tensor(worsts, dtype=worst.dtype, device=worst.device)
+    if single:
+        return worst, advance.done
     done = advance.done | (slots.live & (advance.bound <= worst))
     if stop == "top":                                                        # and n hypotheses are in
         top = torch.tensor([s >= 0 and finished[s].top for s in sentence], device=worst.device)
         done = done | (slots.live & top & (worst > -math.inf))
     elif stop == "full":                                                     # K hypotheses finished
-        K = slots.scores.size(1)
         full = torch.tensor([s >= 0 and finished[s].count >= K for s in sentence], device=worst.device)
         done = done | (slots.live & full)
     return worst, done
 
 
-def _kept(slots: Slots, keep: Tensor, live: Tensor, K: int) -> tuple[Slots, Tensor]:
-    """The slots `keep` (live ones first, then copies of the first as padding, `live` False): the new
+def _kept(slots: Slots, keep: Tensor, alive: int, K: int) -> tuple[Slots, Tensor]:
+    """The slots `keep` (the `alive` live ones first, then copies of the first as padding, `live` False): the new
     slots and their rows."""
-    rows = (keep[:, None] * K + torch.arange(K, device=keep.device)).reshape(-1)   # (slots*K,)
-    live = live[keep] & (torch.arange(keep.numel(), device=keep.device) < int(live.sum()))
+    rows = keep if K == 1 else (keep[:, None] * K + torch.arange(K, device=keep.device)).reshape(-1)   # (slots*K,)
+    live = torch.arange(keep.numel(), device=keep.device) < alive
     scores = torch.where(live[:, None], slots.scores[keep], -math.inf)
     return Slots(slots.tokens[rows], scores, slots.limits[keep], live, slots.worst[keep], slots.history[rows]), rows
 
@@ -378,7 +384,7 @@ def generate(model, src: Tensor, search: Search, src_pad: Tensor | None = None,
         if capacity < len(sentence):                                         # the live slots move to the front
             keep = live.nonzero()[:, 0]
             keep = torch.cat([keep, keep[:1].expand(capacity - alive)])
-            slots, rows = _kept(slots, keep, live, K)
+            slots, rows = _kept(slots, keep, alive, K)
             run.keep(rows)
             sentence = [sentence[s] for s in keep.tolist()[:alive]] + [-1] * (capacity - alive)
     return [f.result() for f in finished]
