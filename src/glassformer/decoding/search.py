@@ -296,16 +296,12 @@ def _initial(sentences: int, n_slots: int, K: int, limits: Tensor, bos: int, dev
 
 def _finish(advance: Advance, slots: Slots, length: int, sentence: list[int], finished: list[_Finished],
             eos: int, alpha: float, stop: str, scored: bool = True) -> tuple[Tensor, Tensor]:
-    """Record the hypotheses this step finished (host work, only on a step with events); the slots'
-    new `worst` and the sentences now done.
-
-    One candidate a sentence (greedy): a hypothesis that ends is its sentence done, which `advance.done` already
-    says, and no live beam has a finished one to beat: the same rules without `worst`'s host round trip."""
+    """Record the hypotheses this step finished (host work, only on a step with events); the slots' new `worst`
+    and the sentences now done (one candidate, greedy: `advance.done`, the ended ones; no `worst` to keep)."""
     worst, K, single = slots.worst, slots.scores.size(1), advance.ranked.size(1) == 1
     ended = advance.ended.nonzero().tolist()                                 # [(slot, rank)], best first per slot
     if ended:                                                                # host lists: one copy each, not a
-        worsts = worst.tolist()                                              # tensor op per hypothesis
-        scores = advance.ranked.tolist() if scored else None
+        worsts, scores = worst.tolist(), advance.ranked.tolist() if scored else None   # tensor op per hypothesis
         tokens, parents = advance.ranked_tokens.tolist(), advance.ranked_parents.tolist()
         rows = [slot * K + parents[slot][c] for slot, c in ended]           # the rows they continue
         history = slots.history[rows, : length - 1].tolist()                 # (ended, length - 1)
@@ -315,8 +311,7 @@ def _finish(advance: Advance, slots: Slots, length: int, sentence: list[int], fi
                              length_normalized(score, length, alpha), finished=token == eos)
             worsts[slot] = finished[sentence[slot]].add(hyp)
             finished[sentence[slot]].top |= c == 0                           # the step's best candidate ended
-        if not single:
-            worst = torch.tensor(worsts, dtype=worst.dtype, device=worst.device)
+        worst = worst if single else torch.tensor(worsts, dtype=worst.dtype, device=worst.device)
     if single:
         return worst, advance.done
     done = advance.done | (slots.live & (advance.bound <= worst))
