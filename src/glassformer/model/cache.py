@@ -24,7 +24,7 @@ import weakref
 import torch
 from torch import Tensor, nn
 
-GROW = 16                     # positions a buffer is allocated with, and added when it is full
+GROW = 8                      # positions a buffer is allocated with, and added when it is full
 
 
 class KVCache:
