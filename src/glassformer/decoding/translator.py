@@ -174,9 +174,10 @@ class Translator:
         return (prepare(model) if fast else model), None
 
     def _packages(self) -> CompiledDecoder:
-        if self._compiled is None or self._compiled.model is not self.decoding_model():
-            self._compiled = CompiledDecoder(self.decoding_model(), step, cache_folder(self.compile_cache),
-                                             self._note, self.threads or usable_cores())
+        model = self.decoding_model()
+        if self._compiled is None or self._compiled.model is not model:
+            self._compiled = CompiledDecoder(model, step, cache_folder(self.compile_cache), self._note,
+                                             self.threads or usable_cores())
         return self._compiled
 
     def _note(self, line: str) -> None:

@@ -38,7 +38,7 @@ AUTO_MIN_SENTENCES = 20_000    # auto builds for jobs that win a build back (~45
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 PACKAGES = "packages"          # below the cache folder: the .pt2 packages
 MAX_LEN = 512                  # longer max_len: decoded eagerly
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}   # a model's precision (precision.py): its weights
+WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}   # precisions compiled: their weights
 MAX_ROWS, FEW_ROWS = 1 << 14, 4   # rows a package accepts (sentences x beam); a "-few" package: at most 4
 TYPICAL = {"slots": 32, "source": 12, "positions": 47, "limit": 34}   # a batch's sizes: a many-row step's build
 FROZEN = {"freezing": True}     # weights frozen: products on oneDNN's blocked copy (MKL where faster: `prepacks`)
@@ -85,8 +85,8 @@ def use_compile_cache(folder: str | os.PathLike | None = None) -> Path:
 
 def unsupported(model) -> str | None:
     """Why the compiled step does not run `model` (None when it does)."""
-    if not isinstance(model, Transformer) or precision_of(model) not in DTYPES \
-            or model.head.weight.dtype != DTYPES[precision_of(model)]:
+    if not isinstance(model, Transformer) or precision_of(model) not in WEIGHT_DTYPES \
+            or model.head.weight.dtype != WEIGHT_DTYPES[precision_of(model)]:
         return "not a float32 or bfloat16 (precision.py) encoder-decoder Transformer"
     if model.cfg.positions not in ("sinusoidal", "learned", "none") or model.cfg.max_len > MAX_LEN:
         return f"{model.cfg.positions} positions, max_len {model.cfg.max_len} (at most {MAX_LEN})"
