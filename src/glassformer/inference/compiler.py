@@ -109,7 +109,7 @@ class Source(nn.Module):
 
 class Step(nn.Module):
     """decoding/search.py's `step` over tensors: the `Slots`, `pos` (0-dim) the tokens' position, alpha, src_pad
-    (rows, src) and the cache's buffers -> the `Advance`, then the self-attention K, V buffers (beams: new ones)."""
+    (rows, src), the cache's buffers (flat) -> the `Advance`, then the self-attention K, V buffers (beams: new ones)."""
 
     def __init__(self, model: Transformer, step: Callable, search) -> None:
         super().__init__()
@@ -118,7 +118,9 @@ class Step(nn.Module):
         self.crosses = [layer.cross_attention for layer in model.decoder.layers]
 
     def forward(self, tokens, scores, limits, live, worst, history, pos: Tensor, alpha: Tensor, src_pad: Tensor,
-                self_k: list[Tensor], self_v: list[Tensor], cross_k: list[Tensor], cross_v: list[Tensor]) -> tuple:
+                *buffers: Tensor) -> tuple:                          # buffers: self K, self V, cross K, cross V
+        n = len(self.selfs)                                          # (a layer each)
+        self_k, self_v, cross_k, cross_v = (buffers[i * n: (i + 1) * n] for i in range(4))
         cache = KVCache(position=pos, k=dict(zip(self.selfs, self_k, strict=True)),
                         v=dict(zip(self.selfs, self_v, strict=True)),
                         cross={a: kv for a, *kv in zip(self.crosses, cross_k, cross_v, strict=True)})
@@ -146,8 +148,8 @@ class CompiledDecoder:
 
     def source(self, cache: KVCache, src: Tensor, src_pad: Tensor, index: Tensor) -> None:
         """Each decoder layer's cross-attention K/V for the rows `index`, into `cache`."""
-        inputs = (src, src_pad, index)
-        out = self._part("source" + ("-few" if src.size(0) <= FEW_ROWS else ""), None, inputs)(*inputs)
+        inputs = [src, src_pad, index]
+        out = self._part("source" + ("-few" if src.size(0) <= FEW_ROWS else ""), None, inputs)(inputs)
         layers = [layer.cross_attention for layer in self.fast.decoder.layers]
         cache.cross = {a: (k, v) for a, k, v in zip(layers, out[:len(layers)], out[len(layers):], strict=True)}
 
@@ -158,11 +160,13 @@ class CompiledDecoder:
             for a in self.selfs:
                 cache.k[a] = k.new_zeros(k.size(0), a.heads, cache.capacity, a.d_k)
                 cache.v[a] = k.new_zeros(k.size(0), a.heads, cache.capacity, a.d_v)
-        cache.reserve(1)
-        inputs = (*slots, self.positions[length - 1], alpha, src_pad, [cache.k[a] for a in self.selfs],
-                  [cache.v[a] for a in self.selfs], *([kv[i] for kv in cache.cross.values()] for i in (0, 1)))
-        few = search.beam == 1 and slots[0].size(0) <= FEW_ROWS
-        out = self._part(search.kind + ("-few" if few else ""), search, inputs)(*inputs)
+        elif cache.length >= cache.k[self.selfs[0]].size(2):                 # full (every buffer alike): grow
+            cache.reserve(1)
+        cross = cache.cross.values()                                         # inputs in Step.forward's order
+        inputs = [*slots, self.positions[length - 1], alpha, src_pad, *cache.k.values(), *cache.v.values(),
+                  *[k for k, _ in cross], *[v for _, v in cross]]
+        kind = search.kind + ("-few" if search.beam == 1 and slots[0].size(0) <= FEW_ROWS else "")
+        out = (self.parts.get(kind) or self._part(kind, search, inputs))(inputs)
         n, layers = len(out) - 2 * len(self.selfs), len(self.selfs)
         cache.k, cache.v = (dict(zip(self.selfs, out[i: i + layers], strict=True)) for i in (n, n + layers))
         cache.advance(1)
@@ -174,8 +178,9 @@ class CompiledDecoder:
         return all(self._found(k, s) is not None for k, s in (("source", None), ("source-few", None),
                                                               *((k, search) for k in kinds)))
 
-    def _part(self, kind: str, search, inputs: tuple) -> Callable:
-        """The package of `kind`: found, else traced, named, built; loaded (on any failure: the module, one note)."""
+    def _part(self, kind: str, search, inputs: list) -> Callable:
+        """The package of `kind`, a function of the flat inputs: found, else traced, named, built; loaded (on any
+        failure: the module, one note)."""
         if kind in self.parts:
             return self.parts[kind]
         beam, few = 0 if search is None else search.beam, kind.endswith("-few")
@@ -201,7 +206,7 @@ class CompiledDecoder:
         except Exception as error:                                           # no working toolchain, a bad package
             first = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
             self.notes(f"compiling {what} failed ({type(error).__name__}: {first}); decoding eagerly")
-            self.parts[kind] = module
+            self.parts[kind] = lambda flat: module(*flat)
         return self.parts[kind]
 
     def _configs(self, kind: str) -> dict:
@@ -276,14 +281,13 @@ def _tensors(h, named: dict):
 
 
 def _load(path: Path) -> Callable:
-    """A package as a function of tensors and lists of tensors -> a flat tuple, on the C++ loader (performance.md)."""
+    """A package as a function of its flat list of input tensors -> a list of tensors (the C++ loader's)."""
     torch.cpu._init_amx()       # AMX kernels need the process's AMX state: inductor asks at a build, not at a load
-    runner = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
-    return lambda *inputs: tuple(runner.boxed_run([t for x in inputs for t in (x if isinstance(x, list) else (x,))]))
+    return torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1).boxed_run
 
 
-def _shapes(inputs: tuple, beam: int, max_len: int, few: bool = False) -> tuple[tuple, tuple]:
-    """Inputs like `inputs` (Source's for beam 0, else Step's) with every size symbolic, and those sizes for
+def _shapes(inputs: list, beam: int, max_len: int, few: bool = False) -> tuple[tuple, tuple]:
+    """Inputs like `inputs` (Source's for beam 0, else Step's, flat) with every size symbolic, and those sizes for
     torch.export: sentences or slots, rows (slots x beam; `few`: at most FEW_ROWS), source positions, output limit,
     self-attention positions. Example sizes 2 or 3 (above 1: kept symbolic), a many-row step's a batch's (TYPICAL)."""
     Dim = torch.export.Dim
@@ -298,19 +302,14 @@ def _shapes(inputs: tuple, beam: int, max_len: int, few: bool = False) -> tuple[
         slot, rows = (n["slots"], slots), (n["slots"] * beam, slots if beam == 1 else beam * slots)
         positions = (n["positions"] + 1, Dim("positions", min=1, max=max_len + GROW))
         limit = (n["limit"] + 1, Dim("limit", min=1, max=max_len))
+        layers = (len(inputs) - 9) // 4                                      # self K, V; cross K, V: a layer each
         specs = [{0: rows}, *[{0: slot}] * 4, {0: rows, 1: limit}, {}, {}, {0: rows, 1: source},
-                 *[{0: rows, 2: positions}] * 2, *[{0: rows, 2: source}] * 2]
-
-    def like(t, spec: dict):
-        if isinstance(t, list):
-            return [like(x, spec) for x in t]
-        return t.new_zeros([spec[d][0] if d in spec else n for d, n in enumerate(t.shape)]) if spec else t
-
-    def dims(t, spec: dict):
-        return [dims(x, spec) for x in t] if isinstance(t, list) else {d: s[1] for d, s in spec.items()} or None
-    example = [like(t, spec) for t, spec in zip(inputs, specs, strict=True)]
+                 *[{0: rows, 2: positions}] * 2 * layers, *[{0: rows, 2: source}] * 2 * layers]
+    example = [t.new_zeros([spec[d][0] if d in spec else n for d, n in enumerate(t.shape)]) if spec else t
+               for t, spec in zip(inputs, specs, strict=True)]
+    dims = [{d: s[1] for d, s in spec.items()} or None for spec in specs]
     if beam == 0:                                                            # ids; the rows' sentences
         example[0], example[2] = example[0] + 5, torch.arange(n["slots"] + 1) % n["slots"]
-    else:
-        example[2] = example[2] + 3                                          # output limits
-    return tuple(example), tuple(dims(t, spec) for t, spec in zip(inputs, specs, strict=True))
+        return tuple(example), tuple(dims)
+    example[2] = example[2] + 3                                              # output limits
+    return tuple(example), (*dims[:9], tuple(dims[9:]))                      # Step's *buffers: one group
