@@ -21,6 +21,7 @@ from glassformer.inference import compiler, prepare
 from glassformer.inference.compiler import CompiledDecoder, unsupported
 from glassformer.inference.precision import with_precision
 from glassformer.model import Transformer
+from glassformer.model.cache import GROW
 from glassformer.model.config import ModelConfig
 
 HAS_CXX = compiler.cxx_compiler() is not None
@@ -347,6 +348,24 @@ def test_a_package_that_fails_to_load_decodes_eagerly_after_one_note(monkeypatch
     _same(out, generate(model, src, BeamSearch(2), max_len=9))
     failed = [n for n in notes if "failed" in n]
     assert len(failed) == 2 and all("decoding eagerly" in n and "\n" not in n for n in failed), notes
+
+
+@pytest.mark.skipif(not HAS_CXX, reason="needs a C++ compiler")
+def test_a_step_over_three_decoder_layers_and_one_encoder_layer_takes_its_buffers_in_order(monkeypatch, tmp_path):
+    """A step's inputs are flat (self K, self V, cross K, cross V, a decoder layer each): traced and exported for 3
+    decoder layers over 1 encoder layer, then run as the traced module (the package made unloadable), it gives the
+    eager model's tokens and scores through two growths of the buffers (20 tokens, GROW 8)."""
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package",
+                        lambda program, package_path, **kw: Path(package_path).write_bytes(b"not a package"))
+    model, src = tiny(encoder_layers=1, decoder_layers=3), sources()
+    notes: list[str] = []
+    decoder = CompiledDecoder(model, step, tmp_path, notes.append, threads=1)
+    for search in (Greedy(), BeamSearch(2)):
+        out = generate(model, src, search, max_len=20, compiled=decoder)
+        _same(out, generate(model, src, search, max_len=20))
+        assert max(len(h[0].tokens) for h in out) > 2 * GROW
+    failed = [n for n in notes if "failed" in n]                             # loading each part, not its export
+    assert len(failed) == 3 and all("failed (RuntimeError" in n for n in failed), notes
 
 
 def test_a_many_row_step_is_made_for_a_batchs_sizes_and_named_by_them(monkeypatch, tmp_path):
