@@ -410,6 +410,30 @@ def test_the_traced_greedy_choice_is_the_eager_one_wherever_pad_lies(pad_id, mon
     assert torch.equal(most_probable(logits, pad_id, normalise=False)[1], eager[1])
 
 
+def test_the_exported_greedy_choice_reads_its_ids_from_a_constant_table():
+    """A compiled step's choice takes the token ids from one constant (vocab,) table of the graph, not from an
+    `arange` computed in it (built anew in every vector of the kernel's loop, twice the time): exported twice (a
+    second trace reuses nothing of the first), each graph holds the table as data and still picks the first best."""
+    from glassformer.decoding.candidates import most_probable
+
+    class Choice(torch.nn.Module):
+        def forward(self, logits):
+            return most_probable(logits, 3, normalise=False)[1]
+
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(3))
+    logits[1, 20] = logits[1, 30] = 9.0                                      # equals: the first id
+    logits[2, 3] = 9.0                                                       # PAD the largest: never chosen
+    want = torch.where(torch.arange(50) == 3, -math.inf, logits).argmax(dim=-1)
+    for _ in range(2):
+        with torch.no_grad():
+            program = torch.export.export(Choice(), (logits,))
+        ops = {str(node.target) for node in program.graph.nodes}
+        tables = [t for t in program.constants.values() if isinstance(t, torch.Tensor)]
+        assert not any("arange" in op for op in ops), ops
+        assert len(tables) == 1 and torch.equal(tables[0], torch.arange(50, dtype=torch.float32))
+        assert torch.equal(program.module()(logits)[:, 0], want) and want[1] == 20
+
+
 def test_stop_top_ends_when_a_steps_best_candidate_finishes_and_can_cut_a_better_beam():
     """stop="top" (OpenNMT-py / CTranslate2): EOS is the best candidate of the first step, so the search ends
     there with []; the default bound keeps searching and finds A EOS, better once divided by its length."""
