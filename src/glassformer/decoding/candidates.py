@@ -21,12 +21,12 @@ def most_probable(logits: Tensor, pad_id: int, normalise: bool = True) -> tuple[
 
     Traced for a compiled step: the vocabulary read around PAD in slices, the best by plain reductions (its value,
     then its first id) and the exponentials in the logits' precision summed in float64, loops of the step's own
-    kernel, which vectorise where a max with indices does not; (a) the ids from the graph's constants: made in the
-    graph (`arange`), each vector of ids was built in the loop, 85 against 39 us a 32 x 4,000 float32 choice in a
-    step's kernel (1 thread, Xeon, AVX-512). Eagerly those are ~13 ops of their own over the
-    (rows, vocab) table, so torch's max with indices and float64 logsumexp instead (5 ops): a greedy decode of the
-    d128 2+2 model took 0.81x the time at batch 1 and 0.83x at batch 32 (1 thread). The two agree to float rounding
-    (tests/test_compiled.py)."""
+    kernel, which vectorise where a max with indices does not; (a) the ids a table of data in the graph, which the
+    loop reads (made by `arange` in the graph, a vector of ids was built at every iteration: a 32 x 4,000 float32
+    choice 85 against 39 us of the step's kernel, 1 thread, Xeon, AVX-512). Eagerly those are ~13 ops of their own
+    over the (rows, vocab) table, so torch's max with indices and float64 logsumexp instead (5 ops): a greedy decode
+    of the d128 2+2 model took 0.81x the time at batch 1 and 0.83x at batch 32 (1 thread). The two agree to float
+    rounding (tests/test_compiled.py)."""
     x = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
     if not torch.compiler.is_compiling():
         allowed = x.clone()
