@@ -220,6 +220,9 @@ def test_prepared_linear_equals_f_linear(shape, rows, onednn):
     for bias in (b, None):
         torch.testing.assert_close(PreparedLinear(w, bias, onednn)(x), F.linear(x, w, bias), atol=1e-5, rtol=1e-5)
     assert (PreparedLinear(w, b, onednn).wt is None) == (shape[0] < shape[1])   # W^T only for wide W
+    transposed = PreparedLinear(w, b, onednn, transposed=True)                 # W^T for every W
+    assert transposed.wt.shape == shape[::-1] and transposed.wt.is_contiguous()
+    torch.testing.assert_close(transposed(x), F.linear(x, w, b), atol=1e-5, rtol=1e-5)
 
 
 def test_thread_policy():

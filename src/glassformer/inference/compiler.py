@@ -5,9 +5,9 @@ compiler it needs, the build, the package's name and the folder packages are kep
     generate(model, src, BeamSearch(4), compiled=decoder)
 
 `torch.export` traces, AOTInductor builds: `Source` (the encoder, each layer's `project_kv`), `Step` (search.py's
-`step` over `prepare(model, onednn=False, path="glass")`) per beam, both also for at most FEW_ROWS rows; a bfloat16
-copy's products on inductor's GEMMs (AMX where the CPU has it). Packages are named by what they compute, written
-whole or not at all; one that fails to build or load: a note, then eager.
+`step` over `prepare(model, onednn=False, path="glass", transposed=True)`) per beam, both also for at most FEW_ROWS
+rows; a bfloat16 copy's products on inductor's GEMMs (AMX where the CPU has it). Packages are named by what they
+compute, written whole or not at all; one that fails to build or load: a note, then eager.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ class CompiledDecoder:
                  threads: int | None = None) -> None:
         self.model, self.step_fn, self.folder, self.notes = model, step, folder, notes or (lambda line: None)
         # traced: W^T products, attention written out (inductor fuses it; SDPA stays an extern call per layer)
-        self.fast = prepare(model, onednn=False, path="glass", direct=False)
+        self.fast = prepare(model, onednn=False, path="glass", direct=False, transposed=True)
         for embed in [e for e in (self.fast.src_embed, self.fast.tgt_embed) if e.sinusoidal]:   # before tracing
             embed.position_table(torch.float32, embed.token.weight.device)
         self.selfs = [layer.self_attention for layer in self.fast.decoder.layers]

@@ -5,12 +5,13 @@
 
 The copy keeps the model's forwards; nn.Linear becomes `PreparedLinear`, self-attention `FusedSelfAttention` (one
 product [W^Q | W^K | W^V]), hook points and dropout an `Inert` identity (to observe, run the model itself), attention
-on SDPA, modules called straight through forward (`_direct`). `prepare(model, onednn=False, direct=False)` is what the
-compiled step traces. Tests hold its tokens identical, its logits equal to the model's (tests/test_inference.py).
+on SDPA, modules called straight through forward (`_direct`); the compiled step traces `prepare(model, onednn=False,
+direct=False, transposed=True)`. Tests hold its tokens identical, its logits the model's (tests/test_inference.py).
 
 `PreparedLinear`: a step streams all of W for a handful of rows; a wide W (out >= in: W^Q|W^K|W^V, W_1, the head)
 streams about twice as fast as a contiguous W^T (in, out); from PACKED_MIN_ROWS rows on oneDNN's pre-blocked W (private
-ops, where `ONEDNN` finds them; tests hold both routes equal). Weights copied: prepare again after training.
+ops, where `ONEDNN` finds them; tests hold both routes equal); `transposed`: W^T for every W, no product on a transposed
+operand (the compiled step's W_2 at 32 rows: 1.4x faster, docs/performance.md). Weights copied: prepare after training.
 """
 
 from __future__ import annotations
@@ -43,13 +44,13 @@ ONEDNN = _onednn_available()
 class PreparedLinear(nn.Module):
     """Stands in for an nn.Linear: x W^T + b for x (..., in) -> (..., out), with W laid out once for inference."""
 
-    def __init__(self, weight: Tensor, bias: Tensor | None = None, onednn: bool = ONEDNN) -> None:
+    def __init__(self, weight: Tensor, bias: Tensor | None = None, onednn: bool = ONEDNN, transposed: bool = False):
         super().__init__()
         with torch.inference_mode(False), torch.no_grad():                   # plain tensors, usable anywhere
             self.w = weight.detach().contiguous()                            # (out, in)
             self.b = None if bias is None else bias.detach().contiguous()    # (out,)
             self.out_features = self.w.size(0)
-            wide = self.w.size(0) >= self.w.size(1) and self.w.device.type == "cpu"
+            wide = (transposed or self.w.size(0) >= self.w.size(1)) and self.w.device.type == "cpu"
             self.wt = self.w.t().contiguous() if wide else None              # (in, out) or None
             packs = onednn and self.w.device.type == "cpu" and self.w.dtype == torch.float32
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.w, PACK_BATCH_HINT) if packs else None
@@ -70,15 +71,15 @@ class FusedSelfAttention(SelfAttention):
     """SelfAttention whose Q, K, V come from one product x [W^Q | W^K | W^V] (`w_qkv`): the same numbers."""
 
     @classmethod
-    def of(cls, attention: SelfAttention, onednn: bool) -> FusedSelfAttention:
+    def of(cls, attention: SelfAttention, onednn: bool, transposed: bool = False) -> FusedSelfAttention:
         """A fused copy of `attention`: its sizes and options, its W^O, RoPE or relative bias, W^Q|W^K|W^V joined."""
         a = attention
         fused = cls(a.d_model, a.heads, a.d_k, a.d_v, bias=a.w_q.bias is not None, dropout=a.dropout, scale=a.scale,
                     rope=a.rope, relative=a.relative, path="fast")
         weights = [a.w_q, a.w_k, a.w_v]
         bias = None if a.w_q.bias is None else torch.cat([w.bias for w in weights])
-        fused.w_qkv = PreparedLinear(torch.cat([w.weight for w in weights]), bias, onednn)
-        fused.w_o = PreparedLinear(a.w_o.weight, a.w_o.bias, onednn)
+        fused.w_qkv = PreparedLinear(torch.cat([w.weight for w in weights]), bias, onednn, transposed)
+        fused.w_o = PreparedLinear(a.w_o.weight, a.w_o.bias, onednn, transposed)
         del fused.w_q, fused.w_k, fused.w_v
         return fused.to(a.w_o.weight.device).eval().requires_grad_(False)
 
@@ -93,7 +94,7 @@ class Inert(nn.Identity):
     __call__ = nn.Identity.forward
 
 
-def prepare(model: nn.Module, onednn: bool = ONEDNN, path: str = "fast", direct: bool = True) -> nn.Module:
+def prepare(model: nn.Module, onednn: bool = ONEDNN, path="fast", direct=True, transposed=False) -> nn.Module:
     """A decoding copy of `model` (any family, module doc), eval, no gradients, its weights copied now (prepare
     again after training or moving the model). `onednn`: oneDNN's pre-blocked weights where this torch build has
     them; `path`: attention "fast" (SDPA) or "glass" (the formula written out); `direct`: see `_direct`."""
@@ -103,9 +104,9 @@ def prepare(model: nn.Module, onednn: bool = ONEDNN, path: str = "fast", direct:
             module.activation = torch.relu
         for name, child in list(module.named_children()):
             if isinstance(child, SelfAttention):
-                setattr(module, name, FusedSelfAttention.of(child, onednn))
+                setattr(module, name, FusedSelfAttention.of(child, onednn, transposed))
             elif isinstance(child, nn.Linear):
-                setattr(module, name, PreparedLinear(child.weight, child.bias, onednn))
+                setattr(module, name, PreparedLinear(child.weight, child.bias, onednn, transposed))
     return streamline(fast, path, direct)
 
 
