@@ -20,7 +20,7 @@ from glassformer.decoding.search import SENTENCE_BUCKETS, BeamSearch, Greedy, bu
 from glassformer.inference import compiler, prepare
 from glassformer.inference.compiler import CompiledDecoder, unsupported
 from glassformer.inference.precision import with_precision
-from glassformer.inference.prepare import PreparedLinear
+from glassformer.inference.prepare import MKL, PreparedLinear
 from glassformer.model import Transformer
 from glassformer.model.cache import GROW
 from glassformer.model.config import ModelConfig
@@ -260,6 +260,36 @@ def test_compiled_packages_give_the_models_tokens_and_a_second_decoder_builds_no
               generate(model, src, BeamSearch(2), max_len=20))
     finally:
         torch.export.export = export
+    assert again == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_CXX or not MKL, reason="needs a C++ compiler and torch with MKL")
+def test_greedys_many_row_steps_take_mkl_packs_handed_in_at_load_one_package_per_row_count(monkeypatch,
+                                                                                         package_folder):
+    """Where MKL is the products' route, greedy's steps of 16 and of 8 rows each get a package traced for that row
+    count, its products on MKL's packs: the model's tokens, each sentence's as alone; the packages hold stand-ins
+    (a pack holds its own address), a second decoder's own packs run them without a build, and a load without
+    them is refused (a stand-in would not run)."""
+    monkeypatch.setattr(compiler, "prepacks", lambda *a: False)
+    model, search, src = eos_likely(), Greedy(scores=False), sources(batch=9)
+    expected = [h[0].tokens for h in generate(model, src, search, max_len=20)]
+    assert len(set(map(len, expected))) >= 3 and expected == [h[0].tokens for h in _alone(model, src, search,
+                                                                                          max_len=20)]
+    notes: list[str] = []
+    decoder = CompiledDecoder(model, step, package_folder, notes.append, threads=2)
+    assert [h[0].tokens for h in generate(model, src, search, max_len=20, compiled=decoder)] == expected
+    assert {"greedy-16", "greedy-8", "greedy-few"} <= set(decoder.parts) and "greedy" not in decoder.parts, notes
+    for rows in (16, 8):
+        path = next(package_folder.glob(f"packages/greedy-{rows}-*.pt2"))
+        loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+        packed = [n for n in loader.get_constant_fqns() if n.endswith(".mkl")]
+        assert len(packed) == 6 * model.cfg.decoder_layers + 1                 # 6 products a layer, the head
+        with pytest.raises(RuntimeError, match="MKL packs"):
+            compiler._load(path, {})
+    again: list[str] = []
+    second = CompiledDecoder(model, step, package_folder, again.append, threads=2)
+    assert [h[0].tokens for h in generate(model, src, search, max_len=20, compiled=second)] == expected
     assert again == []
 
 

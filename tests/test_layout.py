@@ -154,7 +154,7 @@ ENTRY_POINTS = {
     "decoding/commands.py:_compile_cache": "called only from _translator: the inductor cache folder",
     "decoding/commands.py:_decoding_threads": "translate_command's and evaluate_command's thread count",
     "inference/compiler.py:use_compile_cache": "the one writer of TORCHINDUCTOR_CACHE_DIR, for entry points",
-    "inference/threads.py:use_threads": "a thread count given back on exit, for benchmark cases and tests",
+    "threads.py:use_threads": "a thread count given back on exit, for benchmark cases and tests",
     "decoding/workers.py:_serve": "a decoding worker process's start (one thread, the command's inductor cache)",
 }
 PROCESS_SETTERS = {"set_num_threads", "set_num_interop_threads", "filterwarnings", "simplefilter",

@@ -66,7 +66,7 @@ def test_each_preset_comes_to_the_settings_it_always_had(name):
 
 def test_the_flags_are_the_schema_fields_with_their_help(capsys):
     from glassformer.cli import build_parser
-    from glassformer.inference.threads import usable_cores
+    from glassformer.threads import usable_cores
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "--help"])

@@ -402,7 +402,7 @@ def test_workers_give_each_sentence_its_in_process_translation(model_dir):
 
 
 def test_workers_over_the_usable_cores_are_one_line_exit_2(model_dir, capsys, monkeypatch):
-    from glassformer.inference.threads import usable_cores
+    from glassformer.threads import usable_cores
 
     code, out, err = _run(capsys, monkeypatch, ["translate", "--model", str(model_dir), "--workers",
                                                 str(usable_cores() + 1), "你好"])

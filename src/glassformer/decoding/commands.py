@@ -103,7 +103,7 @@ def _decoding_threads(args, sentences: int) -> None:
     """The command's thread count (threads.py): one for steps of a few rows, else every core it may use."""
     import torch
 
-    from ..inference.threads import decoding_threads
+    from ..threads import decoding_threads
 
     torch.set_num_threads(decoding_threads(min(sentences, getattr(args, "batch_size", 64)) * args.beam))
 

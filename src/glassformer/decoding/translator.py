@@ -13,8 +13,8 @@ from ..errors import UsageError
 from ..inference import prepare
 from ..inference.compiler import CompiledDecoder, cache_folder, compile_mode, unsupported
 from ..inference.precision import precision_of, with_precision
-from ..inference.threads import usable_cores
 from ..model import Transformer
+from ..threads import usable_cores
 from .search import DEFAULT_ALPHA, DEFAULT_STOP, generate, step, strategy
 
 

@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Sequence
 
 from ..errors import UsageError
-from ..inference.threads import usable_cores
+from ..threads import usable_cores
 
 Batch = list[list[int]]                     # one batch: source ids per sentence
 

@@ -9,8 +9,8 @@
 (compiler.use_compile_cache) are set by the entry points (CLI, lab, training, benchmarks), never in here.
 """
 
+from ..threads import SERIAL_MAX_ROWS, SERVING_THREADS, decoding_threads, training_threads, use_threads
 from .prepare import ONEDNN, PreparedLinear, prepare
-from .threads import SERIAL_MAX_ROWS, SERVING_THREADS, decoding_threads, training_threads, use_threads
 
 __all__ = ["prepare", "SERIAL_MAX_ROWS", "decoding_threads", "SERVING_THREADS", "training_threads",
            "use_threads", "ONEDNN", "PreparedLinear"]

@@ -31,7 +31,7 @@ from ..model.cache import GROW, KVCache
 from ..model.transformer import Transformer
 from ..paths import write_whole
 from .precision import cpu_precision_support, precision_of
-from .prepare import ONEDNN, prepare
+from .prepare import MKL, ONEDNN, packs_left_out, prepare
 
 COMPILE_MODES = ("auto", "on", "off")
 AUTO_MIN_SENTENCES = 20_000    # auto builds for jobs that win a build back (~45 s: ~19,000 sentences at beam 4)
@@ -40,6 +40,7 @@ PACKAGES = "packages"          # below the cache folder: the .pt2 packages
 MAX_LEN = 512                  # longer max_len: decoded eagerly
 WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}   # precisions compiled: their weights
 MAX_ROWS, FEW_ROWS = 1 << 14, 4   # rows a package accepts (sentences x beam); a "-few" package: at most 4
+PACKED_ROWS = (8, 16, 32, 64)     # greedy's many-row steps on MKL's packs: a package for each of these row counts
 TYPICAL = {"slots": 32, "source": 12, "positions": 47, "limit": 34}   # a batch's sizes: a many-row step's build
 FROZEN = {"freezing": True}     # weights frozen: products on oneDNN's blocked copy (MKL where faster: `prepacks`)
 UNFROZEN = {"freezing": False}  # weights as the graph's parameters: every product an MKL addmm, nothing packed
@@ -165,7 +166,7 @@ class CompiledDecoder:
         cross = cache.cross.values()                                         # inputs in Step.forward's order
         inputs = [*slots, self.positions[length - 1], alpha, src_pad, *cache.k.values(), *cache.v.values(),
                   *[k for k, _ in cross], *[v for _, v in cross]]
-        kind = search.kind + ("-few" if search.beam == 1 and slots[0].size(0) <= FEW_ROWS else "")
+        kind = (search.kind, slots[0].size(0))
         out = (self.parts.get(kind) or self._part(kind, search, inputs))(inputs)
         n, layers = len(out) - 2 * len(self.selfs), len(self.selfs)
         cache.k, cache.v = (dict(zip(self.selfs, out[i: i + layers], strict=True)) for i in (n, n + layers))
@@ -173,16 +174,32 @@ class CompiledDecoder:
         return out[:n]
 
     def built(self, search) -> bool:
-        """Whether both source sides and the steps of `search` were built before (no trace: their recipes' notes)."""
-        kinds = [search.kind] + ([f"{search.kind}-few"] if search.beam == 1 else [])
-        return all(self._found(k, s) is not None for k, s in (("source", None), ("source-few", None),
-                                                              *((k, search) for k in kinds)))
+        """Whether both source sides and the steps of `search` (greedy's few rows, a batch's: TYPICAL) were built
+        before (no trace: their recipes' notes)."""
+        kinds = [("source", None), ("source-few", None), *((r, search) for r in [FEW_ROWS] * (search.beam == 1)
+                                                           + [TYPICAL["slots"] * search.beam])]   # steps: rows
+        return all(self._found(k if s is None else self._kind(s, k)[0], s) is not None for k, s in kinds)   # in order
 
-    def _part(self, kind: str, search, inputs: list) -> Callable:
-        """The package of `kind`, a function of the flat inputs: found, else traced, named, built; loaded (on any
-        failure: the module, one note)."""
-        if kind in self.parts:
-            return self.parts[kind]
+    def _kind(self, search, rows: int) -> tuple[str, int | None]:
+        """A step's package over `rows` rows, and the rows it is traced for (None: any): greedy's few-row one, greedy's
+        at each of PACKED_ROWS when its products take MKL's packs (traced for one row count), else the search's."""
+        if search.beam == 1 and rows <= FEW_ROWS:
+            return f"{search.kind}-few", None
+        if search.beam == 1 and rows in PACKED_ROWS and MKL and not self.bf16 \
+                and not prepacks(self.model, self.threads, self.folder):
+            return f"{search.kind}-{rows}", rows
+        return search.kind, None
+
+    def _part(self, kind: str | tuple, search, inputs: list) -> Callable:
+        """The package of `kind` ("source(-few)", a step's (search kind, rows): `_kind`), a function of the flat
+        inputs: found, else traced, named, built; loaded (on any failure: the module, one note)."""
+        name, rows = (kind, None) if search is None else self._kind(search, kind[1])
+        if name not in self.parts:
+            self.parts[name] = self._build(name, search, inputs, rows)
+        self.parts[kind] = self.parts[name]
+        return self.parts[kind]
+
+    def _build(self, kind: str, search, inputs: list, rows: int | None) -> Callable:
         beam, few = 0 if search is None else search.beam, kind.endswith("-few")
         module = Source(self.fast) if search is None else Step(self.fast, self.step_fn, search)
         what = ("the source side" if beam == 0 else f"the step for beam {beam}") + (" (a few rows)" if few else "")
@@ -191,8 +208,8 @@ class CompiledDecoder:
             if path is None:                         # many rows: oneDNN's frozen blocked weights, or MKL if faster here
                 onednn = few or self.bf16 or prepacks(self.model, self.threads, self.folder)
                 configs = {**self._configs(kind), **({} if onednn else UNFROZEN)}
-                example, dynamic = _shapes(inputs, beam, self.model.cfg.max_len, few)
-                with torch.no_grad():
+                example, dynamic = _shapes(inputs, beam, self.model.cfg.max_len, few, rows)
+                with torch.no_grad(), packs_left_out(module):
                     program = torch.export.export(module, example, dynamic_shapes=dynamic)
                 path = self.folder / PACKAGES / f"{kind}-{package_name(program, configs)}.pt2"
                 if not path.exists():
@@ -202,12 +219,11 @@ class CompiledDecoder:
                             program, package_path=str(partial), inductor_configs=configs)):   # else: another's
                         self.notes(f"--compile: built in {time.perf_counter() - began:.1f} s")
                 write_whole(self._note(kind, search), lambda partial: partial.write_text(path.name), replace=True)
-            self.parts[kind] = _load(path)
+            return _load(path, {name: p for name, p in module.named_parameters() if name.endswith(".mkl")})
         except Exception as error:                                           # no working toolchain, a bad package
             first = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
             self.notes(f"compiling {what} failed ({type(error).__name__}: {first}); decoding eagerly")
-            self.parts[kind] = lambda flat: module(*flat)
-        return self.parts[kind]
+            return lambda flat: module(*flat)
 
     def _configs(self, kind: str) -> dict:
         """inductor's settings for `kind` (docs/performance.md): many-row source: 1 thread; bfloat16: FEW's GEMMs."""
@@ -233,19 +249,19 @@ class CompiledDecoder:
 
 
 def prepacks(model: Transformer, threads: int, folder: Path) -> bool:
-    """Whether a step's products run faster on oneDNN's pre-blocked weights than on MKL's addmm on this CPU at
-    `threads`, the current count (else oneDNN where present): the model's own `decode_step` on two prepared copies
-    (8 steps of TYPICAL rows, alternating, best of 5), timed once and kept. MKL: the weights left unfrozen (inductor
-    packs frozen ones, once registered, in every later build). AMD Zen 4: oneDNN 1.09-1.12x; a Xeon with AMX: MKL."""
+    """Whether a step's products run faster on oneDNN's pre-blocked weights than on MKL (its packs where torch has
+    them) on this CPU at `threads`, the current count (else oneDNN where present): the model's own `decode_step` on
+    two prepared copies (8 steps of TYPICAL rows, alternating, best of 5), timed once, kept. MKL: weights unfrozen
+    (inductor packs frozen ones in every later build). AMD Zen 4: oneDNN 1.09-1.12x (MKL unpacked); Xeon+AMX: MKL."""
     if not ONEDNN or threads != torch.get_num_threads():
         return ONEDNN
-    key = json.dumps([_machine(threads), sorted(cpu_precision_support().flags), repr(model.cfg)]).encode()
+    key = json.dumps([_machine(threads), sorted(cpu_precision_support().flags), repr(model.cfg), "packs"]).encode()
     path = folder / PACKAGES / f"products-{hashlib.sha256(key).hexdigest()[:24]}.json"
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):      # not timed yet, or a damaged file
         timings = json.loads(path.read_text())
         return float(timings["onednn_s"]) <= float(timings["mkl_s"])
     with torch.random.fork_rng(devices=[]):                                 # the caller's random numbers untouched
-        copies, best = [prepare(model, onednn=on) for on in (True, False)], [math.inf] * 2
+        copies, best = [prepare(model), prepare(model, onednn=False, transposed=True)], [math.inf] * 2
         rows, tokens = TYPICAL["slots"], torch.full((TYPICAL["slots"], 1), model.cfg.bos_id)
         memory = torch.randn(rows, TYPICAL["source"], model.cfg.d_model)                # (rows, src, d)
         for _, (i, fast) in itertools.product(range(5), enumerate(copies)):
@@ -274,31 +290,37 @@ def package_name(program: torch.export.ExportedProgram, configs: dict) -> str:
 
 def _tensors(h, named: dict):
     """`h` updated with each tensor's name, shape, dtype and bytes."""
-    for name, t in sorted((n, t) for n, t in named.items() if isinstance(t, Tensor)):
+    for name, t in sorted((n, t) for n, t in named.items() if isinstance(t, Tensor) and not t.is_mkldnn):
         h.update(f"{name} {tuple(t.shape)} {t.dtype}".encode())
         h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return h
 
 
-def _load(path: Path) -> Callable:
-    """A package as a function of its flat list of input tensors -> a list of tensors (the C++ loader's)."""
+def _load(path: Path, packs: dict[str, Tensor]) -> Callable:
+    """A package as a function of its flat input tensors -> a list of tensors (the C++ loader's), `packs` ours."""
     torch.cpu._init_amx()       # AMX kernels need the process's AMX state: inductor asks at a build, not at a load
-    return torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1).boxed_run
+    loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+    wanted = [name for name in loader.get_constant_fqns() if name.endswith(".mkl")]
+    if not set(wanted) <= packs.keys():                                      # a stand-in left: MKL would not run
+        raise RuntimeError(f"the package wants MKL packs the model lacks ({sorted(set(wanted) - packs.keys())[0]})")
+    loader.load_constants({name: packs[name] for name in wanted}, False, False, True)   # in place of the stand-ins
+    return loader.boxed_run
 
 
-def _shapes(inputs: list, beam: int, max_len: int, few: bool = False) -> tuple[tuple, tuple]:
+def _shapes(inputs: list, beam: int, max_len: int, few: bool = False, rows: int | None = None) -> tuple[tuple, tuple]:
     """Inputs like `inputs` (Source's for beam 0, else Step's, flat) with every size symbolic, and those sizes for
     torch.export: sentences or slots, rows (slots x beam; `few`: at most FEW_ROWS), source positions, output limit,
     self-attention positions. Example sizes 2 or 3 (above 1: kept symbolic), a many-row step's a batch's (TYPICAL)."""
     Dim = torch.export.Dim
     typical = beam > 0 and not few
     n = {k: max(2, min(v, max_len - 1)) for k, v in TYPICAL.items()} if typical else dict.fromkeys(TYPICAL, 2)
+    n["slots"] = n["slots"] if rows is None else rows // beam
     source = (n["source"] + 1, Dim("source", min=1, max=max_len))
     if beam == 0:
         sentences = (n["slots"], Dim("sentences", min=1, max=MAX_ROWS))
         specs = [{0: sentences, 1: source}] * 2 + [{0: (n["slots"] + 1, Dim("rows", min=1, max=MAX_ROWS))}]
     else:
-        slots = Dim("slots", min=1, max=(FEW_ROWS if few else MAX_ROWS) // beam)
+        slots = Dim("slots", min=1, max=(FEW_ROWS if few else MAX_ROWS) // beam) if rows is None else Dim.STATIC
         slot, rows = (n["slots"], slots), (n["slots"] * beam, slots if beam == 1 else beam * slots)
         positions = (n["positions"] + 1, Dim("positions", min=1, max=max_len + GROW))
         limit = (n["limit"] + 1, Dim("limit", min=1, max=max_len))

@@ -10,12 +10,14 @@ direct=False, transposed=True)`. Tests hold its tokens identical, its logits the
 
 `PreparedLinear`: a step streams all of W for a handful of rows; a wide W (out >= in: W^Q|W^K|W^V, W_1, the head)
 streams about twice as fast as a contiguous W^T (in, out); from PACKED_MIN_ROWS rows on oneDNN's pre-blocked W (private
-ops, where `ONEDNN` finds them; tests hold both routes equal); `transposed`: W^T for every W, no product on a transposed
-operand (the compiled step's W_2 at 32 rows: 1.4x faster, docs/performance.md). Weights copied: prepare after training.
+ops, where `ONEDNN` finds them; tests hold both routes equal). `transposed` (the compiled step's): W^T for every W, no
+product on a transposed operand (W_2 at 32 rows: 1.4x faster), and where torch has MKL, MKL's packed W (`mkl`, as
+CTranslate2 multiplies) for a row count known when traced (docs/performance.md). Weights copied: prepare after training.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 
@@ -39,6 +41,23 @@ def _onednn_available() -> bool:
 
 
 ONEDNN = _onednn_available()
+MKL = torch._C.has_mkl and all(hasattr(torch.ops.mkl, n) for n in ("_mkl_reorder_linear_weight", "_mkl_linear"))
+
+
+@contextlib.contextmanager
+def packs_left_out(module: nn.Module):
+    """`module`'s MKL packs each replaced by a stand-in for a trace (an exported copy of a pack would not run: a pack
+    holds its own address; a package is handed this process's packs when loaded, compiler.py). The stand-in: too
+    big to be inlined, of a shape no dense constant has (inductor compares the storages of same-shaped constants)."""
+    linears = [m for m in module.modules() if isinstance(m, PreparedLinear) and m.mkl is not None]
+    packs = [m.mkl for m in linears]
+    for m in linears:
+        m.mkl = nn.Parameter(torch.zeros(1, 1, 64).to_mkldnn(), requires_grad=False)   # see the docstring
+    try:
+        yield
+    finally:
+        for m, pack in zip(linears, packs, strict=True):
+            m.mkl = pack
 
 
 class PreparedLinear(nn.Module):
@@ -54,10 +73,15 @@ class PreparedLinear(nn.Module):
             self.wt = self.w.t().contiguous() if wide else None              # (in, out) or None
             packs = onednn and self.w.device.type == "cpu" and self.w.dtype == torch.float32
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.w, PACK_BATCH_HINT) if packs else None
+            mkl = transposed and MKL and self.w.device.type == "cpu" and self.w.dtype == torch.float32   # a Parameter:
+            self.mkl = nn.Parameter(torch.ops.mkl._mkl_reorder_linear_weight(self.w, PACK_BATCH_HINT),   # W alone
+                                    requires_grad=False) if mkl else None    # sizes a pack; a package names it
 
     def forward(self, x: Tensor) -> Tensor:
         rows = (x if x.dtype == self.w.dtype else x.to(self.w.dtype)).reshape(-1, x.size(-1))   # (rows, in), W's dtype
-        if self.packed is not None and rows.size(0) >= PACKED_MIN_ROWS:      # (packed: float32 weights)
+        if self.mkl is not None and isinstance(rows.size(0), int):          # rows known here (or when traced)
+            out = torch.ops.mkl._mkl_linear(rows, self.mkl, self.wt.t(), self.b, rows.size(0))
+        elif self.packed is not None and rows.size(0) >= PACKED_MIN_ROWS:    # (packed: float32 weights)
             out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.b, "none", [], "")
         elif self.wt is None:
             out = F.linear(rows, self.w, self.b)

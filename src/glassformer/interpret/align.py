@@ -308,8 +308,8 @@ def align_command(args) -> int:
     import sys
 
     from ..decoding.translator import Translator
-    from ..inference.threads import decoding_threads
     from ..options import device_name, model_dir
+    from ..threads import decoding_threads
 
     _check_options(args)
     steps = DEFAULT_STEPS if args.steps is None else args.steps

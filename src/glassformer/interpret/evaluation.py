@@ -61,7 +61,7 @@ def evaluate_command(args) -> int:
         return code
     scores = json.loads(printed.getvalue())
     hypotheses = scores.pop("hypotheses")
-    from ..inference.threads import decoding_threads
+    from ..threads import decoding_threads
 
     torch.set_num_threads(decoding_threads(1))                              # the shares: one sentence at a time
     share = split_shares(args, hypotheses, method)

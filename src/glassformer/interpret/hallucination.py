@@ -285,8 +285,8 @@ def hallucination_command(args) -> int:
 
     from ..data.datasets import load_split
     from ..decoding.translator import Translator
-    from ..inference.threads import decoding_threads
     from ..options import device_name, model_dir
+    from ..threads import decoding_threads
 
     limits.check("--sentences", args.sentences, "MAX_HALLUCINATION_SENTENCES", "sentences")
     methods = check_methods(args.methods.split(","))

@@ -286,8 +286,8 @@ def patch_command(args) -> int:
     import json
 
     from ..decoding.translator import Translator
-    from ..inference.threads import decoding_threads
     from ..options import device_name, model_dir
+    from ..threads import decoding_threads
 
     torch.set_num_threads(decoding_threads(1))              # one sentence at a time: batch-1 forward passes
     translator = Translator.load(model_dir(args), device_name(args.device))

@@ -309,8 +309,8 @@ def attribute_command(args) -> int:
     import sys
 
     from ..decoding.translator import Translator
-    from ..inference.threads import decoding_threads
     from ..options import device_name, model_dir
+    from ..threads import decoding_threads
 
     if args.row is not None and not args.lens:
         raise UsageError("--row: only with --lens (the attribution covers every row)", "row")

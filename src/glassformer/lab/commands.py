@@ -9,7 +9,7 @@ import webbrowser
 import torch
 
 from ..errors import UsageError
-from ..inference.threads import SERVING_THREADS
+from ..threads import SERVING_THREADS
 from .api import LabAPI
 
 

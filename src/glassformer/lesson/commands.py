@@ -12,7 +12,7 @@ import torch
 
 from .. import limits
 from ..errors import UsageError
-from ..inference.threads import LESSON_THREADS
+from ..threads import LESSON_THREADS
 from ..validation import load_json
 from . import claims
 from . import examples as ex

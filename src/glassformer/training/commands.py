@@ -13,8 +13,8 @@ from typing import Any, Literal
 from pydantic.fields import FieldInfo
 
 from ..errors import UsageError
-from ..inference.threads import usable_cores
 from ..options import at_least  # noqa: F401  (the integer flags' type)
+from ..threads import usable_cores
 from .presets import PRESETS
 from .settings import SCHEMAS, flags, preset_settings
 

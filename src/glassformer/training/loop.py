@@ -46,9 +46,9 @@ from ..data.checkpoint import (
 from ..data.pieces import PieceDropout, cut_step
 from ..errors import UsageError
 from ..inference.precision import precision_note
-from ..inference.threads import training_threads
 from ..model import ModelConfig, Transformer
 from ..options import pick_device
+from ..threads import training_threads
 from ..validation import validate
 from .prepare_data import Data, build_source_tokenizer, prepare_data
 from .presets import PRESETS
