@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "glassformer"
 FLOORS: list[tuple[str, ...]] = [
     ("errors", "__init__"),             # __init__: the package's version only
     ("limits",),
-    ("validation", "paths"),
+    ("validation", "paths", "threads"),   # threads: the thread counts entry points set
     ("options",),                       # --model / --device / integer flags every command shares
     ("model",),
     ("inference",),                     # the speed layer over the model

@@ -202,7 +202,8 @@ class CompiledDecoder:
     def _build(self, kind: str, search, inputs: list, rows: int | None) -> Callable:
         beam, few = 0 if search is None else search.beam, kind.endswith("-few")
         module = Source(self.fast) if search is None else Step(self.fast, self.step_fn, search)
-        what = ("the source side" if beam == 0 else f"the step for beam {beam}") + (" (a few rows)" if few else "")
+        what = f"the step for beam {beam}" if beam else "the source side"
+        what += f" ({rows or 'a few'} rows)" if few or rows else ""
         try:
             path = self._found(kind, search)
             if path is None:                         # many rows: oneDNN's frozen blocked weights, or MKL if faster here

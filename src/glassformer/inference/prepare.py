@@ -41,14 +41,13 @@ def _onednn_available() -> bool:
 
 
 ONEDNN = _onednn_available()
-MKL = torch._C.has_mkl and all(hasattr(torch.ops.mkl, n) for n in ("_mkl_reorder_linear_weight", "_mkl_linear"))
+MKL = ONEDNN and torch._C.has_mkl and hasattr(torch.ops.mkl, "_mkl_linear")   # (a pack's stand-in: an mkldnn tensor)
 
 
 @contextlib.contextmanager
 def packs_left_out(module: nn.Module):
-    """`module`'s MKL packs each replaced by a stand-in for a trace (an exported copy of a pack would not run: a pack
-    holds its own address; a package is handed this process's packs when loaded, compiler.py). The stand-in: too
-    big to be inlined, of a shape no dense constant has (inductor compares the storages of same-shaped constants)."""
+    """`module`'s MKL packs each replaced, for a trace, by a stand-in too big to be inlined and of a shape no dense
+    constant has (inductor compares same-shaped constants' storages): a pack holds its own address (compiler._load)."""
     linears = [m for m in module.modules() if isinstance(m, PreparedLinear) and m.mkl is not None]
     packs = [m.mkl for m in linears]
     for m in linears:
