@@ -376,6 +376,17 @@ def test_deal_balances_work_and_gives_every_batch_once():
     assert deal([3], 3) == [[0], [], []]
 
 
+def test_a_batchs_cost_counts_work_beside_its_source_length():
+    """Short batches cost more per row and position than long ones (their steps, their start and end): a job of
+    many short batches and one long one is not dealt by rows x longest alone."""
+    from glassformer.decoding.workers import cost
+
+    short, long = [[5] * 4] * 32, [[5] * 62] * 31                       # 32 x 4 tokens; 31 x 62 tokens
+    assert cost(short) / (32 * 4) > cost(long) / (31 * 62) > 1.0
+    assert cost(short + [[5] * 4]) > cost(short) and cost([[5] * 5] * 32) > cost(short)
+    assert cost([]) == 0
+
+
 def test_workers_give_each_sentence_its_in_process_translation(model_dir):
     lines = ["我很好。", "你叫什么名字？", "谢谢你！", "我们明天去学校。", "他喜欢喝茶。", "这本书很好看。",
              "你好", "我昨天给了他一本书。", "", "今天天气很好，我们去公园吧。", "我不知道。"]
