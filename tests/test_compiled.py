@@ -291,6 +291,20 @@ def test_greedys_many_row_steps_take_mkl_packs_handed_in_at_load_one_package_per
     second = CompiledDecoder(model, step, package_folder, again.append, threads=2)
     assert [h[0].tokens for h in generate(model, src, search, max_len=20, compiled=second)] == expected
     assert again == []
+    few = src[:3]                                                            # a few sentences' source side, on MKL
+    assert [h[0].tokens for h in generate(model, few, search, max_len=20, compiled=second)] == expected[:3] \
+        and "source-few" in second.parts and not any("failed" in n for n in again), again
+
+
+def test_a_few_sentences_source_side_follows_the_products_route(monkeypatch, tmp_path):
+    """Where MKL is the products' route a few sentences' source side multiplies on W^T, unfrozen, not autotuned
+    (MKL's products beat FEW's GEMMs there); on oneDNN's it keeps FEW's; a few-row step keeps FEW's on both."""
+    decoder = CompiledDecoder(eos_likely(), step, tmp_path, threads=1)
+    for onednn in (False, True):
+        monkeypatch.setattr(compiler, "prepacks", lambda *a, route=onednn: route)
+        few_source = decoder._configs("source-few")
+        assert few_source["freezing"] is onednn and bool(few_source.get("max_autotune")) is onednn
+        assert decoder._configs("greedy-few")["max_autotune"] and decoder._configs("source")["freezing"] is onednn
 
 
 @pytest.mark.slow

@@ -116,8 +116,7 @@ class BFloat16Linear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.register_buffer("weight", linear.weight.detach().to(torch.bfloat16))         # (out, in)
-        bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
-        self.register_buffer("bias", bias)                                              # (out,) or None
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(torch.bfloat16))  # (out,)
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x.to(torch.bfloat16), self.weight, self.bias).to(x.dtype)       # (..., out)

@@ -48,14 +48,13 @@ MKL = ONEDNN and torch._C.has_mkl and hasattr(torch.ops.mkl, "_mkl_linear")   # 
 def packs_left_out(module: nn.Module):
     """`module`'s MKL packs each replaced, for a trace, by a stand-in too big to be inlined and of a shape no dense
     constant has (inductor compares same-shaped constants' storages): a pack holds its own address (compiler._load)."""
-    linears = [m for m in module.modules() if isinstance(m, PreparedLinear) and m.mkl is not None]
-    packs = [m.mkl for m in linears]
-    for m in linears:
+    packs = {m: m.mkl for m in module.modules() if isinstance(m, PreparedLinear) and m.mkl is not None}
+    for m in packs:
         m.mkl = nn.Parameter(torch.zeros(1, 1, 64).to_mkldnn(), requires_grad=False)   # see the docstring
     try:
         yield
     finally:
-        for m, pack in zip(linears, packs, strict=True):
+        for m, pack in packs.items():
             m.mkl = pack
 
 
