@@ -164,8 +164,7 @@ class Glassformer:
         return cls(load_translator_parts(run)[0], dtype, threads)
 
     def translate(self, sources: list[list[int]], beam: int, batch: int) -> list[list[int]]:
-        import torch
-
+        from glassformer.data.batching import padded
         from glassformer.decoding.search import generate, strategy
         from glassformer.inference import decoding_threads, use_threads
         if self.translator is not None:
@@ -175,8 +174,7 @@ class Glassformer:
         with use_threads(decoding_threads(batch * beam, self.threads)):
             self._compile_buckets(sources, search, batch)
             for chunk in sorted_batches([len(s) for s in sources], batch):
-                src = torch.nn.utils.rnn.pad_sequence([torch.tensor(sources[i]) for i in chunk], batch_first=True,
-                                                      padding_value=self.pad_id)            # (batch, longest)
+                src = padded([sources[i] for i in chunk], self.pad_id)                         # (batch, longest)
                 found = generate(self.decoder, src, search, alpha=ALPHA, compiled=self.compiled, **self.stop)
                 for i, hyps in zip(chunk, found, strict=True):
                     out[i] = hyps[0].tokens
@@ -200,15 +198,13 @@ class Glassformer:
 
     def _compile_buckets(self, sources: list[list[int]], search, batch: int) -> None:
         """Compiled decoder: run every row bucket up to `batch` once (two tokens), so no timed call compiles."""
-        import torch
-
+        from glassformer.data.batching import padded
         from glassformer.decoding.search import SENTENCE_BUCKETS, generate
         if self.compiled is None or (search.beam, batch) in self.warm or not sources:
             return
         self.warm.add((search.beam, batch))
         for n in [b for b in SENTENCE_BUCKETS if b < batch] + [batch]:
-            rows = [torch.tensor(sources[i % len(sources)] or [self.pad_id + 1]) for i in range(n)]
-            src = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=self.pad_id)
+            src = padded([sources[i % len(sources)] or [self.pad_id + 1] for i in range(n)], self.pad_id)
             generate(self.decoder, src, search, alpha=ALPHA, max_len=2, compiled=self.compiled)
 
 

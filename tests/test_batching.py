@@ -12,6 +12,7 @@ from glassformer.data.batching import (
     collate,
     make_batches,
     pad_to_multiple,
+    padded,
     padded_size,
     rank_share,
     step_groups,
@@ -50,13 +51,13 @@ def test_bucketing_keeps_padding_low():
     ex = _examples(600)
     batches = make_batches(ex, max_tokens=200, seed=3, epoch=0)
     real = sum(len(e.tgt) + 1 for e in ex)
-    padded = sum(collate(ex, b).labels.numel() for b in batches)
+    with_pad = sum(collate(ex, b).labels.numel() for b in batches)
     shuffled = list(range(len(ex)))
     random.Random(0).shuffle(shuffled)
     size = max(1, len(ex) // len(batches))
     naive = sum(collate(ex, shuffled[i:i + size]).labels.numel() for i in range(0, len(ex), size))
-    assert padded < naive                                    # sorting within pools beats random batches
-    assert real / padded > 0.6
+    assert with_pad < naive                                    # sorting within pools beats random batches
+    assert real / with_pad > 0.6
 
 
 def test_deterministic_given_seed_and_epoch():
@@ -114,3 +115,13 @@ def test_collate_pads_with_the_given_id_and_keeps_an_empty_source():
     assert b.src.tolist() == [[13, 14], [7, 7]] and b.src.dtype == torch.long
     assert b.tgt_in.tolist() == [[BOS, 22, 23], [BOS, 20, 7]]
     assert b.labels.tolist() == [[22, 23, EOS], [20, EOS, 7]] and b.index == [1, 0]
+
+
+def test_padded_right_pads_ragged_and_empty_rows_as_pad_sequence_does():
+    from torch.nn.utils.rnn import pad_sequence
+
+    rows = [[5, 6, 7], [], [8], [9, 10, 11, 12]]
+    want = pad_sequence([torch.tensor(r, dtype=torch.long) for r in rows], batch_first=True, padding_value=3)
+    got = padded(rows, 3)
+    assert got.dtype == torch.long and torch.equal(got, want)
+    assert padded([], 0).shape == (0, 0) and padded([[], []], 0).shape == (2, 0)

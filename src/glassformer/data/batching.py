@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch.nn.utils.rnn import pad_sequence
 
 from .tokenize import BOS, EOS, PAD, UNK
 
@@ -54,17 +53,20 @@ def padded_size(examples: Sequence[Example], index: Sequence[int]) -> int:
     return len(index) * max(examples[i].width for i in index) if index else 0
 
 
+def padded(sequences: Sequence[Sequence[int]], pad_id: int = PAD) -> Tensor:
+    """Token id lists right-padded with `pad_id` into one (len(sequences), longest) long tensor: one tensor made
+    from lists (a tensor per row and `pad_sequence` cost ~5x as much for 32 rows)."""
+    longest = max(map(len, sequences), default=0)
+    rows = [[*s, *[pad_id] * (longest - len(s))] for s in sequences]
+    return torch.tensor(rows, dtype=torch.long).view(len(sequences), longest)           # (rows, longest)
+
+
 def collate(examples: Sequence[Example], index: Sequence[int], pad_id: int = PAD) -> Batch:
     """Right-pad the chosen examples: src, tgt_in = BOS + target, labels = target + EOS."""
     rows = [examples[i] for i in index]
-
-    def padded(sequences: list[list[int]]) -> Tensor:
-        return pad_sequence([torch.tensor(s, dtype=torch.long) for s in sequences], batch_first=True,
-                            padding_value=pad_id)
-
-    src = padded([e.src for e in rows])                     # (batch, src_len)
-    tgt_in = padded([[BOS, *e.tgt] for e in rows])          # (batch, tgt_len)
-    labels = padded([[*e.tgt, EOS] for e in rows])          # (batch, tgt_len)
+    src = padded([e.src for e in rows], pad_id)                     # (batch, src_len)
+    tgt_in = padded([[BOS, *e.tgt] for e in rows], pad_id)          # (batch, tgt_len)
+    labels = padded([[*e.tgt, EOS] for e in rows], pad_id)          # (batch, tgt_len)
     return Batch(src, tgt_in, labels, list(index))
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-from torch.nn.utils.rnn import pad_sequence
 
+from ..data.batching import padded
 from ..data.tokenize import SourceEncoding, SourceTokenizer, TargetTokenizer
 from ..errors import UsageError
 from ..inference import prepare
@@ -113,8 +113,7 @@ class Translator:
         model, compiled = self._decoder(sentences, search)
         found = []
         for batch in batches:
-            src = pad_sequence([torch.tensor(s, dtype=torch.long) for s in batch], batch_first=True,
-                               padding_value=pad_id).to(self.device)         # (batch, longest)
+            src = padded(batch, pad_id).to(self.device)                   # (batch, longest)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
                 hyps = generate(model, src, search, alpha=alpha, max_len=max_length, stop=self.stop,
                                 compiled=compiled)
