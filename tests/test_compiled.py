@@ -268,9 +268,9 @@ def test_compiled_packages_give_the_models_tokens_and_a_second_decoder_builds_no
 def test_greedys_many_row_steps_take_mkl_packs_handed_in_at_load_one_package_per_row_count(monkeypatch,
                                                                                          package_folder):
     """Where MKL is the products' route, greedy's steps of 16 and of 8 rows each get a package traced for that row
-    count, its products on MKL's packs: the model's tokens, each sentence's as alone; the packages hold stand-ins
-    (a pack holds its own address), a second decoder's own packs run them without a build, and a load without
-    them is refused (a stand-in would not run)."""
+    count, its products on MKL's packs, and a batch's rows stay on the 8-row one (`fewest`) to its end: the model's
+    tokens, each sentence's as alone; the packages hold stand-ins (a pack holds its own address), a second decoder's
+    own packs run them without a build, and a load without them is refused (a stand-in would not run)."""
     monkeypatch.setattr(compiler, "prepacks", lambda *a: False)
     model, search, src = eos_likely(), Greedy(scores=False), sources(batch=9)
     expected = [h[0].tokens for h in generate(model, src, search, max_len=20)]
@@ -279,7 +279,8 @@ def test_greedys_many_row_steps_take_mkl_packs_handed_in_at_load_one_package_per
     notes: list[str] = []
     decoder = CompiledDecoder(model, step, package_folder, notes.append, threads=2)
     assert [h[0].tokens for h in generate(model, src, search, max_len=20, compiled=decoder)] == expected
-    assert {"greedy-16", "greedy-8", "greedy-few"} <= set(decoder.parts) and "greedy" not in decoder.parts, notes
+    assert {"greedy-16", "greedy-8"} <= set(decoder.parts) and "greedy" not in decoder.parts, notes
+    assert decoder.fewest == {search.kind: 8} and "greedy-few" not in decoder.parts   # stays on the 8-row package
     for rows in (16, 8):
         path = next(package_folder.glob(f"packages/greedy-{rows}-*.pt2"))
         loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
@@ -291,9 +292,9 @@ def test_greedys_many_row_steps_take_mkl_packs_handed_in_at_load_one_package_per
     second = CompiledDecoder(model, step, package_folder, again.append, threads=2)
     assert [h[0].tokens for h in generate(model, src, search, max_len=20, compiled=second)] == expected
     assert again == []
-    few = src[:3]                                                            # a few sentences' source side, on MKL
+    few = src[:3]                                                  # a few sentences: their source side on MKL
     assert [h[0].tokens for h in generate(model, few, search, max_len=20, compiled=second)] == expected[:3] \
-        and "source-few" in second.parts and not any("failed" in n for n in again), again
+        and {"source-few", "greedy-few"} <= set(second.parts) and not any("failed" in n for n in again), again
 
 
 def test_a_few_sentences_source_side_follows_the_products_route(monkeypatch, tmp_path):

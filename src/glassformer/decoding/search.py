@@ -252,7 +252,7 @@ class _Run:
     `step`: as it is, or as `compiled` runs it (inference.compiler.CompiledDecoder: the same function)."""
 
     def __init__(self, model, src: Tensor, src_pad: Tensor, search: Search, compiled=None) -> None:
-        self.model, self.search, self.compiled = model, search, compiled
+        self.model, self.search, self.compiled, self.slots = model, search, compiled, bucket(src.size(0))
         index = torch.arange(src.size(0), device=src.device).repeat_interleave(search.beam)
         extra = self.capacity(src.size(0)) * search.beam - index.numel()     # padding rows: the first sentence
         if extra:
@@ -265,8 +265,9 @@ class _Run:
             compiled.source(self.cache, src, src_pad, index)                # cross-attention's K/V in the cache
 
     def capacity(self, sentences: int) -> int:
-        """Slots for `sentences` live sentences: the smallest bucket that holds them."""
-        return bucket(sentences)
+        """Slots for `sentences` live sentences: the smallest bucket that holds them (compiled: not below `fewest`)."""
+        least = 1 if self.compiled is None else min(self.slots, self.compiled.fewest.get(self.search.kind, 1))
+        return max(bucket(sentences), least)
 
     def step(self, slots: Slots, length: int, alpha: Tensor) -> tuple:
         """The step that makes `length` tokens: the fields of an `Advance`."""

@@ -145,6 +145,7 @@ class CompiledDecoder:
         self.threads, self.bf16 = threads or torch.get_num_threads(), precision_of(model) == "bfloat16"
         self.positions = tuple(torch.tensor(i) for i in range(model.cfg.max_len))   # 0-dim: a step's `pos`
         self.parts: dict[str, Callable] = {}                                 # "source" / "beam4" -> package
+        self.fewest: dict[str, int] = {}       # search kind -> the fewest slots its steps shrink to, where not 1
         self._weights: str | None = None                                     # with the code's: a hash, once (_note)
 
     def source(self, cache: KVCache, src: Tensor, src_pad: Tensor, index: Tensor) -> None:
@@ -196,6 +197,7 @@ class CompiledDecoder:
         name, rows = (kind, None) if search is None else self._kind(search, kind[1])
         if name not in self.parts:
             self.parts[name] = self._build(name, search, inputs, rows)
+        self.fewest.update({search.kind: min(PACKED_ROWS)} if rows else {})   # on MKL's packs: performance.md
         self.parts[kind] = self.parts[name]
         return self.parts[kind]
 

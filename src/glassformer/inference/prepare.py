@@ -98,16 +98,14 @@ class FusedSelfAttention(SelfAttention):
         a = attention
         fused = cls(a.d_model, a.heads, a.d_k, a.d_v, bias=a.w_q.bias is not None, dropout=a.dropout, scale=a.scale,
                     rope=a.rope, relative=a.relative, path="fast")
-        weights = [a.w_q, a.w_k, a.w_v]
-        bias = None if a.w_q.bias is None else torch.cat([w.bias for w in weights])
-        fused.w_qkv = PreparedLinear(torch.cat([w.weight for w in weights]), bias, onednn, transposed)
+        bias = None if a.w_q.bias is None else torch.cat([w.bias for w in (a.w_q, a.w_k, a.w_v)])
+        fused.w_qkv = PreparedLinear(torch.cat([w.weight for w in (a.w_q, a.w_k, a.w_v)]), bias, onednn, transposed)
         fused.w_o = PreparedLinear(a.w_o.weight, a.w_o.bias, onednn, transposed)
         del fused.w_q, fused.w_k, fused.w_v
         return fused.to(a.w_o.weight.device).eval().requires_grad_(False)
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        h = self.heads
-        q, k, v = self.w_qkv(x).split_with_sizes((h * self.d_k, h * self.d_k, h * self.d_v), dim=-1)
+        q, k, v = self.w_qkv(x).split_with_sizes((self.heads * self.d_k,) * 2 + (self.heads * self.d_v,), dim=-1)
         return self.split_heads(q, self.d_k), self.split_heads(k, self.d_k), self.split_heads(v, self.d_v)
 
 
