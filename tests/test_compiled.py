@@ -299,13 +299,27 @@ def test_greedys_many_row_steps_take_mkl_packs_handed_in_at_load_one_package_per
 
 def test_a_few_sentences_source_side_follows_the_products_route(monkeypatch, tmp_path):
     """Where MKL is the products' route a few sentences' source side multiplies on W^T, unfrozen, not autotuned
-    (MKL's products beat FEW's GEMMs there); on oneDNN's it keeps FEW's; a few-row step keeps FEW's on both."""
-    decoder = CompiledDecoder(eos_likely(), step, tmp_path, threads=1)
+    (MKL's products beat FEW's GEMMs there), as the many-row one does; on oneDNN's both keep their settings (FEW's,
+    frozen). The route is asked at a build: a recipe's note (`_configs` alone) does not time the products."""
+    built = {}
+
+    def building(program, package_path, inductor_configs):
+        built[Path(package_path).name.lstrip(".").split("-")[1]] = inductor_configs   # "few" / the many-row's hash
+        Path(package_path).write_bytes(b"not a package")                  # then it fails to load: eager
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", building)
+    model = eos_likely()
     for onednn in (False, True):
         monkeypatch.setattr(compiler, "prepacks", lambda *a, route=onednn: route)
-        few_source = decoder._configs("source-few")
-        assert few_source["freezing"] is onednn and bool(few_source.get("max_autotune")) is onednn
-        assert decoder._configs("greedy-few")["max_autotune"] and decoder._configs("source")["freezing"] is onednn
+        built.clear()
+        decoder = CompiledDecoder(model, step, tmp_path / str(onednn), threads=1)
+        for n in (2, 5):                                                   # a few sentences, then many
+            decoder.source(model.new_cache(), sources(n), sources(n) == model.cfg.pad_id, torch.arange(n))
+        few, many = built.pop("few"), built.popitem()[1]
+        assert few["freezing"] is onednn and bool(few.get("max_autotune")) is onednn and many["freezing"] is onednn
+    monkeypatch.setattr(compiler, "prepacks", lambda *a: pytest.fail("a note timed the products' route"))
+    assert decoder._configs("source-few")["max_autotune"] and decoder._configs("greedy-few")["max_autotune"]
+    assert decoder._found("source", None).name.startswith("source-")        # its note read, nothing timed
 
 
 @pytest.mark.slow

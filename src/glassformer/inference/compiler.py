@@ -208,8 +208,9 @@ class CompiledDecoder:
         what += f" ({rows or 'a few'} rows)" if few or rows else ""
         try:
             path = self._found(kind, search)
-            if path is None:                                                 # traced, named, built once
-                configs = self._configs(kind)
+            if path is None:                                         # the products' route asked only to build
+                configs = self._configs(kind, self.bf16 or few and kind != "source-few" or prepacks(
+                    self.model, self.threads, self.folder))
                 example, dynamic = _shapes(inputs, beam, self.model.cfg.max_len, few, rows)
                 with torch.no_grad(), packs_left_out(module):
                     program = torch.export.export(module, example, dynamic_shapes=dynamic)
@@ -227,13 +228,11 @@ class CompiledDecoder:
             self.notes(f"compiling {what} failed ({type(error).__name__}: {first}); decoding eagerly")
             return lambda flat: module(*flat)
 
-    def _configs(self, kind: str) -> dict:
-        """inductor's settings for `kind`: many-row source 1 thread; bfloat16, a few-row step: FEW's GEMMs; else the
-        products' route (`prepacks`): oneDNN's frozen weights (few rows: FEW's) or MKL's, unfrozen (performance.md)."""
-        threads, few = 1 if kind == "source" else self.threads, kind.endswith("-few")
-        if self.bf16 or few and kind != "source-few" or prepacks(self.model, self.threads, self.folder):
-            return {**(FEW if self.bf16 or few else FROZEN), "cpp.threads": threads}
-        return {**UNFROZEN, "cpp.threads": threads}
+    def _configs(self, kind: str, onednn: bool = True) -> dict:
+        """inductor's settings for `kind`: many-row source 1 thread; bfloat16, few rows: FEW's GEMMs, else oneDNN's
+        frozen weights; off oneDNN's route (`prepacks`, asked at a build, not for a note) MKL's, unfrozen."""
+        base = (FEW if kind.endswith("-few") or self.bf16 else FROZEN) if onednn else UNFROZEN
+        return {**base, "cpp.threads": 1 if kind == "source" else self.threads}
 
     def _found(self, kind: str, search) -> Path | None:       # the package the same recipe named, if still there
         note = self._note(kind, search)
