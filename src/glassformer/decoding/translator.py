@@ -152,10 +152,12 @@ class Translator:
             return None
 
     def close(self) -> None:
-        """Stop the worker processes, if any (they also end with this process)."""
+        """Stop the worker processes, if any (they also end with this process), and let go of the loaded
+        packages (the C++ loader removes the folder it unpacked each into; loaded again when next needed)."""
         if self._workers is not None:
             self._workers.close()
             self._workers = None
+        self._compiled = None
 
     def _decoder(self, sentences: int, search) -> tuple:
         """What decodes `sentences` sentences with `search`: the model and its packages (made once per model

@@ -7,11 +7,13 @@
 The decoding loop is Python: two threads of one process wait on each other's interpreter lock at every
 operation, two processes do not. Each worker gets a copy of the model when it starts (a spawned process, one
 intra-op thread, its own compiled packages, built for one thread); the workers stay for the Translator's
-later jobs and end with the process that started them.
+later jobs and end with the process that started them: at its exit they are closed (their pipes, then a wait), not
+terminated, so each lets go of its packages (the C++ loader then removes the folder it unpacked each into).
 """
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import sys
 import warnings
@@ -67,6 +69,7 @@ class Workers:
             theirs.close()
             self.pipes.append(ours)
             self.processes.append(process)
+        atexit.register(self.close)            # before multiprocessing's own exit handler, which terminates them
 
     def decode(self, batches: Sequence[Batch], beam: int, alpha: float, max_length: int | None, stop: str,
                sentences: int) -> list[list[list[int]]]:
@@ -87,6 +90,7 @@ class Workers:
         return out
 
     def close(self) -> None:
+        atexit.unregister(self.close)
         for pipe in self.pipes:
             pipe.close()
         for process in self.processes:
