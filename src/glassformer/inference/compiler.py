@@ -71,10 +71,8 @@ def compile_mode(requested: str, sentences: int, built: Callable[[], bool] = lam
 
 def cache_folder(folder: str | os.PathLike | None = None) -> Path:
     """`folder`, else the user's TORCHINDUCTOR_CACHE_DIR, else $XDG_CACHE_HOME or ~/.cache /glassformer/inductor."""
-    if folder is not None:
-        return Path(folder).expanduser()
-    return Path(_USER_FOLDER or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                / "glassformer" / "inductor")
+    home = _USER_FOLDER or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "glassformer/inductor"
+    return Path(home) if folder is None else Path(folder).expanduser()
 
 
 def use_compile_cache(folder: str | os.PathLike | None = None) -> Path:
