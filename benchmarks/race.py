@@ -21,7 +21,8 @@ by CTranslate2's rule with a length penalty: once K hypotheses are in, stop="ful
 compiled-inter (with more than one thread: the compiled step in `--threads` worker processes, one thread each,
 `Translator.workers`, decoding/workers.py; started and warmed before the timed rounds) / compiled-bfloat16 and
 compiled-bfloat16-inter (the same two layouts for the bfloat16 copy: its products on inductor's GEMMs, AMX where the
-CPU has it) / bfloat16 / int8 (glassformer.inference.precision, eagerly),
+CPU has it) / compiled-int8 and compiled-int8-inter (the int8 copy, its products on `torch._int_mm`) / bfloat16 /
+int8 (glassformer.inference.precision, eagerly),
 CTranslate2 compute_type float32 / int8 / bfloat16 (those `ctranslate2.get_supported_compute_types("cpu")`
 lists), each in two thread layouts: one batch at a time on `--threads` intra-op threads, and (with more than one
 thread) `-inter`: `--threads` batches at a time on one thread each (its `inter_threads`, the layout CTranslate2
@@ -59,6 +60,7 @@ COMPILED_RULE = "glassformer/compiled-full"    # the same, a beam search stopped
 INTER = "-inter"                              # batches in parallel, a thread each (CTranslate2's inter_threads)
 COMPILED_INTER = COMPILED + INTER             # the compiled step in --threads worker processes (Translator.workers)
 COMPILED_BF16 = COMPILED + "-bfloat16"        # the bfloat16 copy (precision.py) on its compiled step
+COMPILED_INT8 = COMPILED + "-int8"            # the int8 copy (precision.py) on its compiled step
 CT2_TYPES = ("float32", "int8", "bfloat16")
 FLOAT32 = ("glassformer/float32", COMPILED, COMPILED_RULE, COMPILED_INTER)   # glassformer's float32 systems
 HF_TYPES = ("float32", "bfloat16")
@@ -138,8 +140,8 @@ class Glassformer:
         if dtype == "compiled-full":                             # CTranslate2's rule (decoding/search.py)
             dtype, self.stop = "compiled", {"stop": "full"}
         self.compiled = self.translator = None
-        precision = "bfloat16" if dtype.startswith("compiled-bfloat16") else "float32"
-        dtype = dtype.replace("-bfloat16", "")
+        precision = next((p for p in ("bfloat16", "int8") if dtype.startswith(f"compiled-{p}")), "float32")
+        dtype = dtype.replace(f"-{precision}", "")
         if dtype == "compiled-inter":                            # the Translator's worker processes
             from glassformer.decoding.translator import Translator
             from glassformer.inference.compiler import cache_folder, use_compile_cache
@@ -397,8 +399,8 @@ def _seconds_per_call(run, budget: float) -> float:
 # ---- the driver ----------------------------------------------------------------------------------------
 
 def systems(args) -> list[str]:
-    inter = [COMPILED_INTER, COMPILED_BF16 + INTER] if args.threads > 1 else []
-    compiled = [COMPILED, COMPILED_RULE, COMPILED_BF16, *inter]
+    inter = [COMPILED_INTER, COMPILED_BF16 + INTER, COMPILED_INT8 + INTER] if args.threads > 1 else []
+    compiled = [COMPILED, COMPILED_RULE, COMPILED_BF16, COMPILED_INT8, *inter]
     names = [f"glassformer/{d}" for d in GLASSFORMER] + (compiled if getattr(args, "compiled", False) else [])
     if args.ct2:
         import ctranslate2

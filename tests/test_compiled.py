@@ -138,6 +138,7 @@ def test_models_the_compiled_step_does_not_run_are_named():
     assert "max_len" in unsupported(tiny(max_len=600))
     assert unsupported(with_precision(tiny(), "bfloat16", note=False)) is None              # a bfloat16 copy
     assert "bfloat16" in unsupported(tiny().to(torch.bfloat16))              # its weights cast, no precision copy
+    assert unsupported(with_precision(tiny(), "int8", note=False)) is None                  # an int8 copy
 
 
 def test_compile_mode(monkeypatch):
@@ -342,15 +343,16 @@ def test_a_few_sentences_source_side_follows_the_products_route(monkeypatch, tmp
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_CXX, reason="needs a C++ compiler")
-def test_a_bfloat16_copy_compiles_and_decodes_as_it_does_eagerly(tmp_path):
-    """precision.py's bfloat16 copy, compiled (every product on inductor's GEMMs, FEW's settings): the copy's own
-    tokens and, to bfloat16's rounding, scores for a batch whose sentences end at different steps (the float32
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_a_bfloat16_or_int8_copy_compiles_and_decodes_as_it_does_eagerly(tmp_path, dtype):
+    """precision.py's bfloat16 / int8 copy, compiled (every product on inductor's GEMMs, FEW's settings): the copy's
+    own tokens and, to its rounding, scores for a batch whose sentences end at different steps (the float32
     model's are not these: its scores differ by ~0.07 here, so a step built from the float32 weights fails)."""
     model = eos_likely()
-    copy = with_precision(model, "bfloat16", note=False)
+    copy = with_precision(model, dtype, note=False)
     notes: list[str] = []
     decoder = CompiledDecoder(copy, step, tmp_path, notes.append, threads=1)
-    assert decoder.bf16 and all(decoder._configs(k)["max_autotune"] for k in ("source", "beam1", "beam1-few"))
+    assert decoder.narrow and all(decoder._configs(k)["max_autotune"] for k in ("source", "beam1", "beam1-few"))
     src = sources(batch=7)
     want = generate(copy, src, Greedy(), max_len=20)
     got = generate(copy, src, Greedy(), max_len=20, compiled=decoder)
@@ -362,7 +364,7 @@ def test_a_bfloat16_copy_compiles_and_decodes_as_it_does_eagerly(tmp_path):
     # a fresh process that only loads them (as a --workers process does): no build, so AMX kernels need the
     # process's AMX state asked for at the load; without it such a process dies of SIGILL
     code = ("import json, sys, torch; sys.path.insert(0, sys.argv[1]); from test_compiled import *; "
-            "copy = with_precision(eos_likely(), 'bfloat16', note=False); "
+            f"copy = with_precision(eos_likely(), {dtype!r}, note=False); "
             "d = CompiledDecoder(copy, step, Path(sys.argv[2]), print, threads=1); "
             "print(json.dumps([h[0].tokens for h in generate(copy, sources(batch=7), Greedy(), max_len=20, "
             "compiled=d)]))")

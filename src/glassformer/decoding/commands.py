@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 import warnings
 
@@ -67,9 +66,6 @@ def _translator(args):
         limits.check("--max-length", args.max_length, "MAX_SENTENCE_TOKENS")
     translator = Translator.load(model_dir(args), device_name(args.device))
     translator.check_max_length(args.max_length)
-    if args.dtype == "int8":                       # stderr keeps our note: torchao's import logs notes on GPU
-        logging.getLogger("torchao").setLevel(logging.ERROR)                 # kernels, torch.ao its deprecation
-        warnings.filterwarnings("ignore", "torch.ao.quantization is deprecated|torch.quantize_per", Warning)
     translator.precision = args.dtype
     translator.decoding_model()                                              # its copy now: a bad dtype, exit 2
     translator.compile, translator.notes = getattr(args, "compile", "off"), _stderr_note

@@ -114,7 +114,7 @@ def _serve(pipe, translator, filters: list) -> None:
 
     from ..inference.compiler import use_compile_cache
 
-    warnings.filters[:] = filters                         # what the command chose not to print (int8's deprecations)
+    warnings.filters[:] = filters                         # what the command chose not to print (inductor's, tuning)
     signal.signal(signal.SIGINT, signal.SIG_IGN)          # Ctrl-C is the Translator's process's to answer
     torch.set_num_threads(1)
     if translator.compile != "off":

@@ -6,8 +6,8 @@ compiler it needs, the build, the package's name and the folder packages are kep
 
 `torch.export` traces, AOTInductor builds: `Source` (the encoder, each layer's `project_kv`), `Step` (search.py's
 `step` over `prepare(model, onednn=False, path="glass", transposed=True)`) per beam, both also for at most FEW_ROWS
-rows; a bfloat16 copy's products on inductor's GEMMs (AMX where the CPU has it). Packages are named by what they
-compute, written whole or not at all; one that fails to build or load: a note, then eager.
+rows; a bfloat16 or int8 copy's products on inductor's GEMMs (AMX / VNNI where the CPU has them). Packages are
+named by what they compute, written whole or not at all; one that fails to build or load: a note, then eager.
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ AUTO_MIN_SENTENCES = 20_000    # auto builds for jobs that win a build back (~45
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 PACKAGES = "packages"          # below the cache folder: the .pt2 packages
 MAX_LEN = 512                  # longer max_len: decoded eagerly
-WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}   # precisions compiled: their weights
+WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}   # compiled: weights
 MAX_ROWS, FEW_ROWS = 1 << 14, 4   # rows a package accepts (sentences x beam); a "-few" package: at most 4
 PACKED_ROWS = (8, 16, 32, 64)     # greedy's many-row steps on MKL's packs: a package for each of these row counts
 TYPICAL = {"slots": 32, "source": 12, "positions": 47, "limit": 34}   # a batch's sizes: a many-row step's build
 FROZEN = {"freezing": True}     # weights frozen: products on oneDNN's blocked copy (MKL where faster: `prepacks`)
 UNFROZEN = {"freezing": False}  # weights as the graph's parameters: every product an MKL addmm, nothing packed
-FEW = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",   # a few rows, bfloat16:
+FEW = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",   # a few rows, bf16, int8:
        "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}   # inductor's GEMMs, timed
 _USER_FOLDER = os.environ.get(CACHE_ENV)   # the user's choice, read before inductor sets its own default
 
@@ -86,7 +86,7 @@ def unsupported(model) -> str | None:
     """Why the compiled step does not run `model` (None when it does)."""
     if not isinstance(model, Transformer) or precision_of(model) not in WEIGHT_DTYPES \
             or model.head.weight.dtype != WEIGHT_DTYPES[precision_of(model)]:
-        return "not a float32 or bfloat16 (precision.py) encoder-decoder Transformer"
+        return "not a float32, bfloat16 or int8 (precision.py) encoder-decoder Transformer"
     if model.cfg.positions not in ("sinusoidal", "learned", "none") or model.cfg.max_len > MAX_LEN:
         return f"{model.cfg.positions} positions, max_len {model.cfg.max_len} (at most {MAX_LEN})"
     return None
@@ -140,7 +140,7 @@ class CompiledDecoder:
         for embed in [e for e in (self.fast.src_embed, self.fast.tgt_embed) if e.sinusoidal]:   # before tracing
             embed.position_table(torch.float32, embed.token.weight.device)
         self.selfs = [layer.self_attention for layer in self.fast.decoder.layers]
-        self.threads, self.bf16 = threads or torch.get_num_threads(), precision_of(model) == "bfloat16"
+        self.threads, self.narrow = threads or torch.get_num_threads(), precision_of(model) != "float32"
         self.positions = tuple(torch.tensor(i) for i in range(model.cfg.max_len))   # 0-dim: a step's `pos`
         self.parts: dict[str, Callable] = {}                                 # "source" / "beam4" -> package
         self.fewest: dict[str, int] = {}       # search kind -> the fewest slots its steps shrink to, where not 1
@@ -184,7 +184,7 @@ class CompiledDecoder:
         at each of PACKED_ROWS when its products take MKL's packs (traced for one row count), else the search's."""
         if search.beam == 1 and rows <= FEW_ROWS:
             return f"{search.kind}-few", None
-        if search.beam == 1 and rows in PACKED_ROWS and MKL and not self.bf16 \
+        if search.beam == 1 and rows in PACKED_ROWS and MKL and not self.narrow \
                 and not prepacks(self.model, self.threads, self.folder):
             return f"{search.kind}-{rows}", rows
         return search.kind, None
@@ -207,7 +207,7 @@ class CompiledDecoder:
         try:
             path = self._found(kind, search)
             if path is None:                                         # the products' route asked only to build
-                configs = self._configs(kind, self.bf16 or few and kind != "source-few" or prepacks(
+                configs = self._configs(kind, self.narrow or few and kind != "source-few" or prepacks(
                     self.model, self.threads, self.folder))
                 example, dynamic = _shapes(inputs, beam, self.model.cfg.max_len, few, rows)
                 with torch.no_grad(), packs_left_out(module):
@@ -227,9 +227,9 @@ class CompiledDecoder:
             return lambda flat: module(*flat)
 
     def _configs(self, kind: str, onednn: bool = True) -> dict:
-        """inductor's settings for `kind`: many-row source 1 thread; bfloat16, few rows: FEW's GEMMs, else oneDNN's
+        """inductor's settings for `kind`: many-row source 1 thread; bf16 / int8, few rows: FEW's GEMMs, else oneDNN's
         frozen weights; off oneDNN's route (`prepacks`, asked at a build, not for a note) MKL's, unfrozen."""
-        base = (FEW if kind.endswith("-few") or self.bf16 else FROZEN) if onednn else UNFROZEN
+        base = (FEW if kind.endswith("-few") or self.narrow else FROZEN) if onednn else UNFROZEN
         return {**base, "cpp.threads": 1 if kind == "source" else self.threads}
 
     def _found(self, kind: str, search) -> Path | None:       # the package the same recipe named, if still there

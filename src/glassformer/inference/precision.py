@@ -8,8 +8,9 @@
 - bfloat16: every nn.Linear multiplies in bfloat16 on a bf16 copy of its weights (made once, not per call as
   autocast would), its output cast back to float32: the residual stream, LayerNorm, softmax, the embeddings and
   the logits stay float32 (bf16 keeps 8 bits of mantissa, which would round the residual at every layer).
-- int8: int8 weights with one scale per output channel, inputs quantised on the fly (one scale per row,
-  symmetric): torchao's `Int8DynamicActivationInt8WeightConfig`, else torch's deprecated `quantize_dynamic`.
+- int8: every nn.Linear multiplies int8 weights, one scale per output channel, by its input quantised on the fly
+  (one scale per row, symmetric; torchao's `Int8DynamicActivationInt8WeightConfig` is the same scheme), summed in
+  int32 by `torch._int_mm` (VNNI / AMX-INT8 kernels where the CPU has them); the rest stays float32, as above.
 
 The glass box keeps the float32 model. `cpu_precision_support()` reads the CPU's instructions,
 `precision_note(dtype)` says in one line when a precision is likely slower than float32 here.
@@ -129,29 +130,25 @@ def _swap_linears(model: nn.Module, make) -> None:
                 setattr(parent, name, make(child))
 
 
-def int8_backend() -> str:
-    """"torchao" if its quantize_ imports, else "torch.ao" if torch has quantize_dynamic, else a UsageError."""
-    try:
-        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_  # noqa: F401
-        return "torchao"
-    except ImportError:
-        pass
-    if hasattr(getattr(torch, "ao", None), "quantization") and hasattr(torch.ao.quantization, "quantize_dynamic"):
-        return "torch.ao"
-    raise UsageError(f"dtype: int8 needs torchao with torch {torch.__version__} (pip install torchao)", "dtype")
+class Int8Linear(nn.Module):
+    """Stands in for an nn.Linear: W in int8 with one scale per output channel (max |w| / 127), x quantised per row
+    the same way at each call, the int8 product summed in int32 (`torch._int_mm`), then scaled back, plus b."""
 
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        w = linear.weight.detach().float()                                               # (out, in)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("scale", w.abs().amax(dim=1).clamp_min(1e-12) / 127)         # (out,)
+        self.register_buffer("weight", torch.round(w / self.scale[:, None]).to(torch.int8))  # (out, in)
+        self.register_buffer("weight_t", self.weight.t().contiguous())                    # (in, out)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())  # (out,)
 
-def _int8(model: nn.Module) -> nn.Module:
-    if int8_backend() == "torchao":
-        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
-        from torchao.quantization.granularity import PerRow
-
-        # per-row weights = one scale per output channel; no process-wide inductor settings
-        quantize_(model, Int8DynamicActivationInt8WeightConfig(granularity=PerRow(), set_inductor_config=False))
-        return model
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-
-    return quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, x.size(-1)).float()                                          # (rows, in)
+        scale = rows.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127              # (rows, 1)
+        out = torch._int_mm(torch.round(rows / scale).to(torch.int8), self.weight_t)      # (rows, out) int32
+        out = out.float() * (scale * self.scale) + (0 if self.bias is None else self.bias)
+        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)                     # (..., out)
 
 
 def with_precision(model: nn.Module, dtype: str, note: bool = True) -> nn.Module:
@@ -167,10 +164,7 @@ def with_precision(model: nn.Module, dtype: str, note: bool = True) -> nn.Module
     if note and device.type == "cpu":
         _note_once(dtype)
     copied = copy.deepcopy(model).eval().requires_grad_(False)
-    if dtype == "bfloat16":
-        _swap_linears(copied, BFloat16Linear)
-    else:
-        copied = _int8(copied)
+    _swap_linears(copied, BFloat16Linear if dtype == "bfloat16" else Int8Linear)
     copied.precision = dtype          # the float32 fast path (prepare) must leave this copy alone
     return streamline(copied)         # hook points inert, modules called straight through forward
 

@@ -126,7 +126,7 @@ def prepare(model: nn.Module, onednn: bool = ONEDNN, path="fast", direct=True, t
         if getattr(module, "activation", None) is F.relu:                    # FeedForward: the op itself
             module.activation = torch.relu
         for name, child in list(module.named_children()):
-            if isinstance(child, SelfAttention):
+            if isinstance(child, SelfAttention) and child.w_q.weight.is_floating_point():   # (int8: three products)
                 setattr(module, name, FusedSelfAttention.of(child, onednn, transposed))
             elif isinstance(child, nn.Linear):
                 setattr(module, name, PreparedLinear(child.weight, child.bias, onednn, transposed))
