@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         report = measure(args.run, dtypes)
-    except UsageError as error:                                             # e.g. int8 without torchao
+    except UsageError as error:                                             # e.g. int8 on a GPU
         print(error, file=sys.stderr)
         return 2
     text = markdown(report)

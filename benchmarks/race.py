@@ -517,7 +517,7 @@ def machine(args) -> dict:
     info = machine_info(args.threads, [])
     info.update(omp_wait_policy=args.omp_wait_policy, command=" ".join(["python -m benchmarks.race", *sys.argv[1:]]),
                 precision=cpu_precision_support().as_dict(),
-                versions={p: _version(p) for p in ("torch", "torchao", "ctranslate2", "transformers", "glassformer")})
+                versions={p: _version(p) for p in ("torch", "ctranslate2", "transformers", "glassformer")})
     return info
 
 
