@@ -26,7 +26,7 @@ class Translator:
     of more than AUTO_MIN_SENTENCES sentences when a C++ compiler is found); packages are kept under
     `compile_cache` (default: inference.compiler.cache_folder). `notes` hears one-line remarks (the CLI:
     stderr). `precision`: "float32" (the model), or "bfloat16" / "int8", decoding on a copy of the model made
-    once (`decoding_model`, inference/precision.py; bfloat16 also compiles). The thread count is the caller's (set
+    once (`decoding_model`, inference/precision.py; both also compile). The thread count is the caller's (set
     at the entry point: threads.py). `workers` > 1: a job of several batches is decoded in that many processes,
     one thread each (decoding/workers.py; CPU only); they copy the model when they start (and make their own
     copy at `precision`): after changing its weights in place, `close()` them."""
