@@ -150,10 +150,11 @@ def test_ctranslate2_systems_are_the_supported_compute_types():
     names = race.systems(argparse.Namespace(ct2="somewhere", hf=None, threads=1))
     assert names[:3] == ["glassformer/float32", "glassformer/bfloat16", "glassformer/int8"]
     assert names[3:] == [f"ctranslate2/{t}" for t in ("float32", "int8", "bfloat16") if t in supported]
-    for threads, inter in ((1, []), (2, [race.COMPILED_INTER, race.COMPILED_BF16 + race.INTER])):   # processes:
-        names = race.systems(argparse.Namespace(ct2=None, hf=None, threads=threads, compiled=True))  # threads to give
-        assert names[3:] == [race.COMPILED, race.COMPILED_RULE, race.COMPILED_BF16, *inter]
-    assert race.env_threads(race.COMPILED_INTER, 2) == race.env_threads(race.COMPILED_BF16 + race.INTER, 2) == 1
+    inter = [race.COMPILED_INTER, race.COMPILED_BF16 + race.INTER, race.COMPILED_INT8 + race.INTER]
+    for threads, inters in ((1, []), (2, inter)):                          # worker processes: threads to give
+        names = race.systems(argparse.Namespace(ct2=None, hf=None, threads=threads, compiled=True))
+        assert names[3:] == [race.COMPILED, race.COMPILED_RULE, race.COMPILED_BF16, race.COMPILED_INT8, *inters]
+    assert [race.env_threads(name, 2) for name in inter] == [1, 1, 1]
     names = race.systems(argparse.Namespace(ct2="somewhere", hf=None, threads=2))   # both thread layouts
     assert names[3:] == [f"ctranslate2/{t}{x}" for t in ("float32", "int8", "bfloat16") if t in supported
                          for x in ("", "-inter")]
