@@ -139,9 +139,13 @@ class Int8Linear(nn.Module):
         w = linear.weight.detach().float()                                               # (out, in)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.register_buffer("scale", w.abs().amax(dim=1).clamp_min(1e-12) / 127)         # (out,)
-        self.register_buffer("weight", torch.round(w / self.scale[:, None]).to(torch.int8))  # (out, in)
-        self.register_buffer("weight_t", self.weight.t().contiguous())                    # (in, out)
+        quantised = torch.round(w / self.scale[:, None]).to(torch.int8)                   # (out, in)
+        self.register_buffer("weight_t", quantised.t().contiguous())                      # (in, out): _int_mm's
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())  # (out,)
+
+    @property
+    def weight(self) -> Tensor:
+        return self.weight_t.t()                                                          # (out, in) int8, a view
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, x.size(-1)).float()                                          # (rows, in)
