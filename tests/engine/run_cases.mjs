@@ -21,6 +21,28 @@ function plainProbes(probes) {
   return Object.fromEntries([...probes].map(([name, m]) => [name, plainMatrix(m)]));
 }
 
+// A model for search cases: next-token log-probabilities looked up by the prefix generated so far (BOS left out,
+// ids joined by ",") in c.table {prefix: {id: log-probability}}, every other id -inf; `steps`: the most tokens
+// one beam has fed it (the search's steps)
+function scriptedModel(c) {
+  const model = {
+    config: { pad_id: c.pad, bos_id: c.bos, eos_id: c.eos, max_len: c.modelMaxLen },
+    steps: 0,
+    encode: () => null,
+    newCache: () => ({ prefix: null, clone() { return { ...this }; } }),
+    decodeStep(token, encoded, cache) {
+      cache.prefix = cache.prefix === null ? [] : [...cache.prefix, token];
+      model.steps = Math.max(model.steps, cache.prefix.length + 1);
+      const row = c.table[cache.prefix.join(",")];
+      if (!row) throw new Error(`no table row for the prefix [${cache.prefix}]`);
+      const logits = new Float64Array(c.vocab).fill(-Infinity);
+      for (const [id, value] of Object.entries(row)) logits[Number(id)] = value;
+      return { logits };
+    },
+  };
+  return model;
+}
+
 function run(c) {
   switch (c.kind) {
     case "forward": {
@@ -57,6 +79,11 @@ function run(c) {
       }
       return { ms: best, result };
     }
+    case "scripted": return c.searches.map((s) => {     // the search's rules on a table (scriptedModel)
+      const scripted = scriptedModel(c);
+      const hyp = engine.generate(scripted, [], { beam: s.beam, lengthPenalty: s.alpha, maxLen: s.maxLen });
+      return { ...hyp, steps: scripted.steps };
+    });
     default: throw new Error(`unknown case kind ${c.kind}`);
   }
 }
