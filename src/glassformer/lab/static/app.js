@@ -10,8 +10,9 @@
   const TOL = 1e-12;                                // a number "changed" when |Δ| exceeds this
   const VIEWS = new Map();                          // name -> { show(), render() }, in registration (= tab) order
 
-  // the shared state; each view file adds its own slot (S.block, S.sentence, S.masks, S.claims, S.patch, S.why)
-  const S = { lang: pickLang(), view: HOME, info: null };
+  // the shared state; each view file adds its own slot (S.block, S.sentence, S.masks, S.claims, S.patch, S.why,
+  // S.train). S.info: what the views run on (the translator's /api/info, or a toy trained in the Train view).
+  const S = { lang: pickLang(), view: HOME, info: null, query: "" };
 
   // ---------------------------------------------------------------- language
   function pickLang() {
@@ -23,8 +24,8 @@
     return nav.startsWith("en") ? "en" : "zh";
   }
 
-  function t(key, vars) {
-    let s = I18N[S.lang][key];
+  function t(key, vars, lang) {
+    let s = I18N[lang || S.lang][key];
     if (s === undefined) s = I18N.zh[key] !== undefined ? I18N.zh[key] : key;
     if (vars) for (const [k, v] of Object.entries(vars)) s = s.split("{" + k + "}").join(String(v));
     return s;
@@ -163,6 +164,7 @@
   // The model in the page (live.js: the engine over the model bundle), or null when this model runs on the
   // server only (a SentencePiece vocabulary): the views then ask the server. In the exported page a model that
   // did not load is an error (live.js has said why in one line).
+  // A toy trained in the Train view, once opened in the views, is always in the page.
   let liveState;
   async function live() {
     if (liveState === undefined) {
@@ -172,7 +174,7 @@
         liveState = null;
       } else {
         busy(+1);
-        try { await L.ready; liveState = L; } catch (err) {
+        try { await L.current(); liveState = L; } catch (err) {
           if (EMBED || err.field === "file") throw new LabError(err.message, err.field);
           liveState = null;
         } finally { busy(-1); }
@@ -187,27 +189,53 @@
     try { await new Promise((r) => setTimeout(r, 0)); return await fn(); } finally { busy(-1); }
   }
 
-  // /api/info, fetched once (the exported page carries it)
+  // /api/info, fetched once (the exported page carries it); a toy's own while it is open in the views
   async function info() {
     if (!S.info) S.info = EMBED ? EMBED.info : await api("GET", "/api/info");
     return S.info;
   }
 
+  // The views switch between the translator and a toy trained in the Train view (live.js sends "lab-model"
+  // with the toy's info, or null for the translator): every view forgets what it computed and shows again.
+  function modelChanged(toyInfo) {
+    S.info = toyInfo || null;
+    liveState = undefined;
+    VIEWS.forEach((view) => { if (view.reset) view.reset(); });
+    renderBanner();
+  }
+
+  function renderBanner() {
+    const box = document.getElementById("model-banner");
+    const toy = S.info && S.info.toy;
+    box.hidden = !toy;
+    if (!toy) { box.replaceChildren(); return; }
+    box.replaceChildren(el("span", { id: "model-banner-text" }, t("toy.banner", { task: t("train.task." + toy.task), step: toy.step,
+      acc: fmt(100 * toy.accuracy, 1) })), " ",
+    el("button", { type: "button", id: "toy-close", onclick: () => window.LAB_LIVE.useTranslator() }, t("toy.back")));
+  }
+
   // ---------------------------------------------------------------- views and routing
-  // A view file calls register(name, { show, render }): show() when its tab opens (load what it needs and
-  // draw), render() to redraw after a language switch (a view with nothing loaded yet leaves itself alone).
+  // A view file calls register(name, { show, render, reset }): show() when its tab opens (load what it needs and
+  // draw), render() to redraw after a language switch (a view with nothing loaded yet leaves itself alone),
+  // reset() (optional) when the views switch model: forget what was computed, so show() starts again.
   function register(name, view) { VIEWS.set(name, view); }
 
   // everything a view file may use, written once here
-  window.LAB = { S, EMBED, TOL, t, el, api, info, live, compute, fmt, fmtSmall, heat, as2d, matrix, showError, LabError, register };
+  window.LAB = { S, EMBED, TOL, t, el, api, info, live, compute, fmt, fmtSmall, heat, as2d, matrix, showError, LabError, register,
+    busy };
 
   function renderAll() {
     VIEWS.forEach((view) => view.render());
+    renderBanner();
     document.getElementById("lang").textContent = t("lang.switch");
   }
 
+  // #name or #name?key=value&...: the view, and its settings (the Train view keeps its whole set-up there)
   async function show() {
-    const name = (location.hash || "#" + HOME).slice(1);
+    const hash = (location.hash || "#" + HOME).slice(1);
+    const cut = hash.indexOf("?");
+    const name = cut < 0 ? hash : hash.slice(0, cut);
+    S.query = cut < 0 ? "" : hash.slice(cut + 1);
     S.view = VIEWS.has(name) ? name : HOME;
     document.querySelectorAll("[data-view]").forEach((sec) => { sec.hidden = sec.dataset.view !== S.view; });
     document.querySelectorAll("[data-view-link]").forEach((a) => a.classList.toggle("on", a.dataset.viewLink === S.view));
@@ -220,6 +248,7 @@
     document.getElementById("offline").hidden = !EMBED;
     document.getElementById("lang").addEventListener("click", () => setLang(S.lang === "zh" ? "en" : "zh"));
     window.addEventListener("hashchange", show);
+    window.addEventListener("lab-model", (event) => { modelChanged(event.detail); show(); });
     document.body.dataset.ready = "1";
     show();
   }
