@@ -206,6 +206,7 @@
 
   function renderBanner() {
     const box = document.getElementById("model-banner");
+    if (!box) return;
     const toy = S.info && S.info.toy;
     box.hidden = !toy;
     if (!toy) { box.replaceChildren(); return; }
