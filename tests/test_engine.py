@@ -420,8 +420,8 @@ def test_a_bad_trace_document_names_its_field(tmp_path):
 PLANTS = {
     "scale after the softmax": [
         ("model.js", "let s = scale ? scores.data[i] / root : scores.data[i];", "let s = scores.data[i];"),
-        ("model.js", "let weights = softmaxOverKeys(scaled, visible);",
-         "let weights = softmaxOverKeys(scaled, visible);\n"
+        ("model.js", "let weights = softmaxOverKeys(scaled, visible, tape);",
+         "let weights = softmaxOverKeys(scaled, visible, tape);\n"
          "  if (scale) for (let i = 0; i < weights.data.length; i++) weights.data[i] /= root;"),
         ("trace.js", "(visible && !visible[i][j] ? -Infinity : scale ? s / root : s)));",
          "(visible && !visible[i][j] ? -Infinity : s)));\n"

@@ -43,6 +43,26 @@ function scriptedModel(c) {
   return model;
 }
 
+function plainGradients(g) {
+  return { value: g.value, params: Object.fromEntries([...g.params].map(([name, a]) => [name, Array.from(a)])),
+    src: plainMatrix(g.srcEmbedding), tgt: plainMatrix(g.tgtEmbedding) };
+}
+
+// the seed of a gradient case: the label-smoothed loss of `labels`, or log p(token) (- log p(contrast)) at `row`
+function seedOf(c) {
+  return c.labels ? { labels: c.labels, smoothing: c.smoothing ?? 0, scale: c.scale ?? 1 }
+    : { row: c.row, token: c.token, contrast: c.contrast ?? null };
+}
+
+// the loss (or objective) alone, from a forward pass without a tape
+function valueOf(c) {
+  const logits = engine.matrix(c.tgt.length, model.config.tgt_vocab);
+  model.forward(c.src, c.tgt, { off: c.off || [] }).logits.forEach((row, i) => logits.data.set(row, i * logits.cols));
+  const seed = seedOf(c);
+  return seed.labels ? engine.labelSmoothedLoss(logits, seed.labels, seed.smoothing, model.config.pad_id, seed.scale).value
+    : engine.logProbObjective(logits, seed.row, seed.token, seed.contrast).value;
+}
+
 function run(c) {
   switch (c.kind) {
     case "forward": {
@@ -58,6 +78,24 @@ function run(c) {
       const encoded = model.encode(c.src);
       const cache = model.newCache();
       return { logits: c.tgt.map((id) => Array.from(model.decodeStep(id, encoded, cache, { off: c.off || [] }).logits)) };
+    }
+    case "grad": {                         // every weight's and both embeddings' gradients of one objective
+      return plainGradients(engine.gradients(model, c.src, c.tgt, seedOf(c), { off: c.off || [], weights: c.weights ?? true }));
+    }
+    case "fd": {                           // central differences (L(w + h) - L(w - h)) / 2h at picked weights
+      const g = engine.gradients(model, c.src, c.tgt, seedOf(c), { off: c.off || [] });
+      const analytic = [], numeric = [];
+      for (const [name, index] of c.picks) {
+        const w = loaded.tensors.get(name).data, saved = w[index];
+        w[index] = saved + c.h;
+        const up = valueOf(c);
+        w[index] = saved - c.h;
+        const down = valueOf(c);
+        w[index] = saved;
+        numeric.push((up - down) / (2 * c.h));
+        analytic.push(g.params.get(name)[index]);
+      }
+      return { analytic, numeric };
     }
     case "greedy": return { ids: engine.greedy(model, c.src, { maxLen: c.maxLen }) };
     case "beam": return { ids: engine.beamSearch(model, c.src, { beam: c.beam, lengthPenalty: c.alpha ?? 1.0, maxLen: c.maxLen }) };

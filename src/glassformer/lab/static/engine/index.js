@@ -36,6 +36,23 @@
 //        as forward's row at that position); probes fire with a query length of 1
 //     .logitsOf(hidden: Matrix (rows, d)) -> Matrix (rows, V)     the vocabulary head
 //
+//   Reverse mode (float64; each op's backward is written beside its forward, its formula in a comment):
+//   gradients(model, srcIds, tgtInIds, seed, opts) -> {params: Map name -> Float64Array (the tensor's layout,
+//        state_dict names as the bundle stores them: a tied matrix once, holding both its gradients),
+//        srcEmbedding: Matrix (S, d), tgtEmbedding: Matrix (T, d)   (dL/d the values at encoder.embedding /
+//        decoder.embedding), value}
+//     seed: {labels (T,), smoothing = 0, scale = 1}   the loss of transformer.py's loss_sum (label-smoothed
+//              cross-entropy summed over the rows whose label is not PAD), times scale
+//         | {row, token, contrast = null}             f = log p(token) - log p(contrast) at target row `row`
+//         | (logits: Matrix (T, V)) => {value, grad: Matrix (T, V)}
+//     opts: off (as forward), weights (false: the inputs' gradients only, faster), embeddings {src, tgt}:
+//        Matrices run in place of the values at the two embedding hook points (integrated gradients' path)
+//   tapedPass(model, srcIds, tgtInIds, opts) -> Pass {logits: Matrix (T, V), srcEmbedding, tgtEmbedding,
+//        backward(dLogits) (again for another objective over the same forward), gradAt(probe name) -> Matrix,
+//        weightGradients() -> Map}; opts as gradients' plus keep: [probe names whose gradients are read]
+//   labelSmoothedLoss(logits, labels, smoothing, padId, scale) -> {value, count, grad}
+//   logProbObjective(logits, row, token, contrast) -> {value, grad}
+//
 // search.js  (the rules of `glassformer translate`: decoding/search.py, stop rule "bound", alpha 1.0)
 //   greedy(model, srcIds, {maxLen}) -> number[]                   target ids without BOS/EOS
 //   beamSearch(model, srcIds, {beam: 4, lengthPenalty: 1.0, maxLen}) -> number[]
@@ -65,7 +82,7 @@
 // Tokens are ids everywhere here; text <-> ids is tokenize.js.
 
 export { loadBundle } from "./weights.js";
-export { Transformer, matrix, causalMask, KVCache } from "./model.js";
+export { Transformer, matrix, causalMask, KVCache, Tape, tapedPass, gradients, labelSmoothedLoss, logProbObjective } from "./model.js";
 export { greedy, beamSearch, generate, outputLimit } from "./search.js";
 export { nextDistribution, patchingTable, patchingScan, logitLens, altiPlus, softmaxRow } from "./interpret.js";
 export { runTrace, blockSpec, exerciseSpec, round6, matmul, transpose, softmaxRows, layerNorm, attention } from "./trace.js";
