@@ -5,7 +5,8 @@ A scripted model's next-token probabilities depend only on the prefix generated 
 tests/engine/run_cases.mjs) must return the reference's hypotheses, their scores to 1e-9 and its number of steps.
 Each rule has a table on which breaking it changes the answer (comparing two searches on a small model does not:
 there these rules seldom change the winner); random tables on several seeds besides. Planted bugs, each in a copy
-of search.py or search.js, turn their table's comparison red (the last tests here).
+of search.py or search.js, turn their rule's table and the random tables red (the last tests here). The tables have
+no exactly equal candidates: search.py's beams take equals in torch.topk's order, which is not specified.
 """
 
 from __future__ import annotations
