@@ -97,6 +97,17 @@ function run(c) {
       }
       return { analytic, numeric };
     }
+    case "attribute": {                    // the whole `glassformer attribute --json` object of one sentence
+      const target = c.out === null ? engine.attributionTarget(model, c.src) : engine.attributionTarget(model, c.src, c.out);
+      const tokenizers = engine.loadTokenizers(loaded.vocab);
+      const report = engine.attributeReport(model, { srcIds: c.src, tgtInIds: target.tgtInIds, targetIds: target.targetIds,
+        sourceUnits: c.units, targetTokens: c.pieces ?? engine.targetPieces(model, (id) => tokenizers.target.idToToken(id), target.targetIds),
+        contrast: c.contrast ?? null, contrastToken: c.contrastToken ?? null,
+        decode: (ids) => tokenizers.target.decode(ids) }, c.opts || {});
+      return { target, report };
+    }
+    case "attribution_patching":
+      return engine.attributionPatching(model, c.clean, c.corrupt, c.tgt, c.row, c.token, { positions: c.positions ?? true });
     case "greedy": return { ids: engine.greedy(model, c.src, { maxLen: c.maxLen }) };
     case "beam": return { ids: engine.beamSearch(model, c.src, { beam: c.beam, lengthPenalty: c.alpha ?? 1.0, maxLen: c.maxLen }) };
     case "next": return { top: engine.nextDistribution(model, c.src, c.prefix, { off: c.off || [], top: c.top ?? 10 }) };

@@ -85,4 +85,8 @@ export { loadBundle } from "./weights.js";
 export { Transformer, matrix, causalMask, KVCache, Tape, tapedPass, gradients, labelSmoothedLoss, logProbObjective } from "./model.js";
 export { greedy, beamSearch, generate, outputLimit } from "./search.js";
 export { nextDistribution, patchingTable, patchingScan, logitLens, altiPlus, softmaxRow } from "./interpret.js";
+export { attributeReport, attributeReportScan, attribution, attributionRows, attributionTarget, attributionPatching,
+  attributionPatchingScan, targetPieces, wordGroups, baselineName, gaussLegendre, ATTRIBUTION_METHODS, GRADIENT_METHODS, AUTO_STEPS,
+  ATTRIBUTION_LIMITS } from "./attribute.js";
+export { loadTokenizers } from "./tokenize.js";
 export { runTrace, blockSpec, exerciseSpec, round6, matmul, transpose, softmaxRows, layerNorm, attention } from "./trace.js";
