@@ -7,6 +7,12 @@ from a student's own numbers (`run(..., own=answers)`): every cell is then recom
 student wrote before it. With the default `Switches()` it is the lesson's formula and agrees with
 lesson/reference.py; a bug is a set of switches (one or a few readings of the same misconception),
 never a table of numbers.
+
+The same computation judges a student's own code (judge.py): its probes are sheet-like inputs of the kinds
+"multi_head" (self-attention alone) and "decoder" (masked self-attention, cross-attention, FFN) besides
+"attention" and "block", and `visible`, `layer_norm` and `sinusoidal_positions` serve the tasks that
+return a mask, a LayerNorm or a position table. BUGS are the misconceptions a sheet can show; CODE_BUGS
+those only code makes (a mask read the other way round, a masked row left NaN, a position table).
 """
 
 from __future__ import annotations
@@ -38,6 +44,12 @@ class Switches:
     output_projection: bool = True    # Concat(...) W^O (False: the concat itself)
     heads_reversed: bool = False      # Concat(H_H, ..., H_1)
     relu: bool = True                 # FFN hidden = ReLU(x W_1 + b_1) (False: no ReLU)
+    mask_inverted: bool = False       # a given mask read as True = hidden (nn.MultiheadAttention's attn_mask)
+    no_visible_key: str = "zeros"     # a query with no visible key: "zeros" | "nan" (softmax of all −∞) |
+                                      # "uniform" (−1e9 in place of −∞: 1/m on every key)
+    pe_swapped: bool = False          # cos at the even columns, sin at the odd ones
+    pe_layout: str = "interleaved"    # "interleaved" (2r: sin, 2r+1: cos) | "halves" (all sines, then all cosines)
+    pe_rate: str = "pair"             # exponent of column j: "pair" 2r/d (j = 2r, 2r+1) | "column" j/d | "double" 2j/d
 
 
 RIGHT = Switches()
@@ -124,8 +136,39 @@ BUGS: tuple[Bug, ...] = (
         "", ("block",)),
 )
 
+# Misconceptions only code can show: a sheet gives no mask to misread, no masked-out row, no position table.
+CODE_BUGS: tuple[Bug, ...] = (
+    Bug("mask-inverted", (Switches(mask_inverted=True),), "E2",
+        "A mask is boolean with True = may attend; here True was read as hidden (nn.MultiheadAttention's "
+        "attn_mask convention), so each query read exactly the keys it must not see.",
+        "mask 为布尔表，True = 可以看；这里把 True 当成了遮住（nn.MultiheadAttention 的 attn_mask 约定），"
+        "每个 query 读的恰好是它不该看的 key。",
+        "https://github.com/rasbt/LLMs-from-scratch/issues/1061", ("mask",)),
+    Bug("masked-row-not-zeroed", (Switches(no_visible_key="nan"), Switches(no_visible_key="uniform")), "E4",
+        "A query with no visible key gets zero weights and a zero output; here its row became NaN (softmax of "
+        "all −∞) or spread 1/m over the hidden keys (−1e9 in place of −∞).",
+        "没有可见 key 的 query，权重和输出都应为 0；这里这一行成了 NaN（全是 −∞ 的 softmax），"
+        "或把 1/m 平均分给了被遮住的 key（用 −1e9 代替 −∞）。",
+        "https://github.com/pytorch/pytorch/issues/41508", ("mask",)),
+    Bug("positions-sin-cos-swapped", (Switches(pe_swapped=True),), "C4",
+        "PE(p, 2r) = sin(p/10000^(2r/d)) and PE(p, 2r+1) = cos(...); here cos went to the even columns and sin to "
+        "the odd ones.",
+        "PE(p, 2r) = sin(p/10000^(2r/d))，PE(p, 2r+1) = cos(...)；这里偶数列放了 cos，奇数列放了 sin。"),
+    Bug("positions-halves", (Switches(pe_layout="halves"),), "C4",
+        "The lesson interleaves: column 2r is a sine, column 2r+1 its cosine; here all sines came first and "
+        "all cosines after (the layout of tensor2tensor and Marian, not the lesson's).",
+        "课文是交错排列：第 2r 列是 sin，第 2r+1 列是同一频率的 cos；这里先放全部 sin 再放全部 cos"
+        "（tensor2tensor、Marian 的排法，不是课文的）。"),
+    Bug("positions-frequency", (Switches(pe_rate="column"), Switches(pe_rate="double")), "C4",
+        "Columns 2r and 2r+1 share one frequency 1/10000^(2r/d); here the exponent came from the column index "
+        "(j/d, so each cosine got its own frequency, or 2j/d, the 2 counted twice).",
+        "第 2r 与 2r+1 列共用频率 1/10000^(2r/d)；这里指数用了列号（j/d，于是每个 cos 有了自己的频率；"
+        "或 2j/d，2 算了两次）。",
+        "https://github.com/Kyubyong/transformer/issues/38"),
+)
+
 BUG_IDS = tuple(b.id for b in BUGS)
-BY_ID = {b.id: b for b in BUGS}
+BY_ID = {b.id: b for b in BUGS + CODE_BUGS}
 
 
 def not_covered(bug: Bug, sheet) -> str | None:
@@ -164,12 +207,20 @@ class Cell:
 def _visible(sheet, shift: int) -> np.ndarray:
     """(n, m) True = may attend, with the causal triangle shifted by `shift` (0 = the sheet's own)."""
     n, m = sheet.n_queries, sheet.n_keys
-    if sheet.mask == "causal":
+    if isinstance(sheet.mask, str) and sheet.mask == "causal":
         i, j = np.arange(n)[:, None], np.arange(m)[None, :]
         return j <= i + shift
     if isinstance(sheet.mask, np.ndarray):
         return sheet.mask.copy()
     return np.ones((n, m), dtype=bool)
+
+
+def visible(sheet, sw: Switches = RIGHT) -> np.ndarray:
+    """(n, m) what each query reads as the switches take the sheet's mask: the causal triangle shifted by
+    `sw.causal_shift`, and with `sw.mask_inverted` a given mask read the other way round (no mask: all)."""
+    seen = _visible(sheet, sw.causal_shift)
+    masked = not (isinstance(sheet.mask, str) and sheet.mask == "none")
+    return ~seen if sw.mask_inverted and masked else seen
 
 
 def _softmax(scaled: np.ndarray, visible: np.ndarray, axis: int) -> np.ndarray:
@@ -197,10 +248,28 @@ def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float, s
     return gamma * (x - mu) / scale + beta
 
 
+def sinusoidal_positions(n: int, d: int, sw: Switches = RIGHT) -> np.ndarray:
+    """(n, d) PE(p, 2r) = sin(p / 10000^(2r/d)), PE(p, 2r+1) = cos(p / 10000^(2r/d)) (as the switches say)."""
+    p = np.arange(n, dtype=np.float64)[:, None]                             # (n, 1)
+    j = np.arange(d)
+    pair = j - j % 2                                                        # 2r for columns 2r and 2r+1
+    exponent = {"pair": pair, "column": j, "double": 2 * pair}[sw.pe_rate] / d
+    angle = p / 10000.0 ** exponent                                         # (n, d): column j's angle
+    even = j % 2 == 0
+    sin, cos = np.sin(angle), np.cos(angle)
+    if sw.pe_swapped:
+        sin, cos = cos, sin
+    table = np.where(even, sin, cos)                                        # (n, d)
+    if sw.pe_layout == "halves":
+        table = np.concatenate([table[:, even], table[:, ~even]], axis=1)
+    return table
+
+
 def _attention_cells(sheet, sw: Switches, prefix: str, d_k: int, q_in: str, k_in: str | None,
-                     v_path: str | None) -> list[Cell]:
-    """scores, scaled_scores, weights, output of one head; `q_in`/`k_in` the cells holding Q and K."""
-    visible = _visible(sheet, sw.causal_shift)
+                     v_path: str | None, seen: np.ndarray | None = None) -> list[Cell]:
+    """scores, scaled_scores, weights, output of one head; `q_in`/`k_in` the cells holding Q and K; `seen`
+    the (n, m) visible table (default: the sheet's mask as the switches read it)."""
+    visible_ = visible(sheet, sw) if seen is None else seen
     divisor = {"d_k": math.sqrt(d_k), "d_model": math.sqrt(sheet.d_model), "none": 1.0}[sw.divide_by]
 
     def scores(q, k):
@@ -208,15 +277,19 @@ def _attention_cells(sheet, sw: Switches, prefix: str, d_k: int, q_in: str, k_in
 
     def scaled(s):
         out = s / divisor
-        return out if sw.mask_after_softmax else np.where(visible, out, -np.inf)
+        return out if sw.mask_after_softmax else np.where(visible_, out, -np.inf)
 
     def weights(a):
-        seen = np.isfinite(a) if sw.mask_after_softmax else (visible & np.isfinite(a))
-        w = _softmax(a, seen, 1 if sw.softmax_over == "keys" else 0)
+        seen_ = np.isfinite(a) if sw.mask_after_softmax else (visible_ & np.isfinite(a))
+        axis = 1 if sw.softmax_over == "keys" else 0
+        w = _softmax(a, seen_, axis)
+        if sw.no_visible_key != "zeros":                                    # a row (or column) with none seen
+            fill = np.nan if sw.no_visible_key == "nan" else 1.0 / a.shape[axis]
+            w = np.where(seen_.any(axis=axis, keepdims=True), w, fill)
         if sw.divide_after_softmax:
             w = w / math.sqrt(d_k)
         if sw.mask_after_softmax:
-            w = np.where(visible, w, 0.0)
+            w = np.where(visible_, w, 0.0)
         return w
 
     p = f"{prefix}." if prefix else ""
@@ -227,62 +300,87 @@ def _attention_cells(sheet, sw: Switches, prefix: str, d_k: int, q_in: str, k_in
                  (lambda w, v: w @ v) if v_path else (lambda w: w @ sheet.v))]
 
 
+def _multi_head_cells(sheet, sw: Switches, name: str, params: dict, q_in: str, kv_in: str | None,
+                      seen: np.ndarray, disabled=()) -> list[Cell]:
+    """Every head's q, k, v and attention, the concat and the output Concat(H_1..H_H) W^O + b_o of the
+    sub-layer `name`; K and V from the cell `kv_in`, or from the sheet's memory when it is None."""
+    out: list[Cell] = []
+    heads = params["heads"]
+    for r, h in enumerate(heads):
+        hp = f"{name}.heads.{r}"
+        out.append(Cell(f"{hp}.q", (q_in,), lambda a, w=h["w_q"], b=h["b_q"]: a @ w + b))
+        for part in ("k", "v"):
+            w, b = h[f"w_{part}"], h[f"b_{part}"]
+            out.append(Cell(f"{hp}.{part}", (kv_in,), lambda a, w=w, b=b: a @ w + b) if kv_in else
+                       Cell(f"{hp}.{part}", (), lambda w=w, b=b: sheet.memory @ w + b))
+        out += _attention_cells(sheet, sw, hp, h["w_q"].shape[1], f"{hp}.q", f"{hp}.k", f"{hp}.v", seen)
+    off = set(disabled)
+
+    def concat(*outputs):
+        parts = [np.zeros_like(o) if r in off else o for r, o in enumerate(outputs)]
+        return np.concatenate(parts[::-1] if sw.heads_reversed else parts, axis=1)   # (n, H·d_v)
+
+    out.append(Cell(f"{name}.concat", tuple(f"{name}.heads.{r}.output" for r in range(len(heads))), concat))
+    w_o, b_o = params["w_o"], params["b_o"]
+    out.append(Cell(f"{name}.output", (f"{name}.concat",),
+                    (lambda c: c @ w_o + b_o) if sw.output_projection else (lambda c: c.copy())))
+    return out
+
+
+def _copy(a: np.ndarray) -> np.ndarray:
+    return a.copy()
+
+
 def cells(sheet, sw: Switches = RIGHT) -> list[Cell]:
-    """Every cell of the sheet's trace output in computation order, each computed as `sw` says."""
+    """Every cell of the sheet's trace output in computation order, each computed as `sw` says.
+
+    Kinds: "attention" (one head from Q, K, V), "multi_head" (self-attention of x alone, output = its
+    W^O product), "block" (an encoder block: self-attention, FFN) and "decoder" (masked self-attention,
+    cross-attention reading `sheet.memory`, FFN), each sub-layer with its residual and LayerNorm."""
     if sheet.kind == "attention":
         return _attention_cells(sheet, sw, "", sheet.q.shape[1], "", None, None)
+    out: list[Cell] = [Cell("sublayers.0.input", (), lambda: sheet.x.copy())]
+    if sheet.kind == "multi_head":
+        out += _multi_head_cells(sheet, sw, "self_attention", sheet.attention, "sublayers.0.input",
+                                 "sublayers.0.input", visible(sheet, sw), sheet.disabled_heads)
+        return out + [Cell("output", ("self_attention.output",), _copy)]
 
     placement = sw.placement or sheet.norm
     ln = sheet.layer_norms
-    out: list[Cell] = [Cell("sublayers.0.input", (), lambda: sheet.x.copy())]
+    names = ("self_attention", "cross_attention", "ffn") if sheet.kind == "decoder" else ("self_attention", "ffn")
 
     def norm(s):
         return lambda a: layer_norm(a, ln[s]["gamma"], ln[s]["beta"], sheet.eps, sw)
 
-    if placement == "pre":
-        out.append(Cell("sublayers.0.normed", ("sublayers.0.input",), norm(0)))
-    attn_in = "sublayers.0.normed" if placement == "pre" else "sublayers.0.input"
-    heads = sheet.attention["heads"]
-    for r, h in enumerate(heads):
-        hp = f"self_attention.heads.{r}"
-        for name in ("q", "k", "v"):
-            out.append(Cell(f"{hp}.{name}", (attn_in,),
-                            lambda a, w=h[f"w_{name}"], b=h[f"b_{name}"]: a @ w + b))
-        out += _attention_cells(sheet, sw, hp, h["w_q"].shape[1], f"{hp}.q", f"{hp}.k", f"{hp}.v")
-    disabled = set(sheet.disabled_heads)
-
-    def concat(*outputs):
-        parts = [np.zeros_like(o) if r in disabled else o for r, o in enumerate(outputs)]
-        return np.concatenate(parts[::-1] if sw.heads_reversed else parts, axis=1)   # (n, H·d_v)
-
-    out.append(Cell("self_attention.concat", tuple(f"self_attention.heads.{r}.output" for r in range(len(heads))),
-                    concat))
-    w_o, b_o = sheet.attention["w_o"], sheet.attention["b_o"]
-    out.append(Cell("self_attention.output", ("self_attention.concat",),
-                    (lambda c: c @ w_o + b_o) if sw.output_projection else (lambda c: c.copy())))
-
     def add(a, b):
         return a + b if sw.residual else b.copy()
 
-    out.append(Cell("sublayers.0.residual", ("sublayers.0.input", "self_attention.output"), add))
-    if placement == "post":
-        out.append(Cell("sublayers.0.normed", ("sublayers.0.residual",), norm(0)))
-        out.append(Cell("sublayers.1.input", ("sublayers.0.normed",), lambda a: a.copy()))
-        ffn_in = "sublayers.1.input"
-    else:
-        out.append(Cell("sublayers.1.input", ("sublayers.0.residual",), lambda a: a.copy()))
-        out.append(Cell("sublayers.1.normed", ("sublayers.1.input",), norm(1)))
-        ffn_in = "sublayers.1.normed"
     f = sheet.ffn
-    out.append(Cell("ffn.hidden", (ffn_in,),
-                    lambda a: np.maximum(a @ f["w_1"] + f["b_1"], 0.0) if sw.relu else a @ f["w_1"] + f["b_1"]))
-    out.append(Cell("ffn.output", ("ffn.hidden",), lambda h: h @ f["w_2"] + f["b_2"]))
-    out.append(Cell("sublayers.1.residual", ("sublayers.1.input", "ffn.output"), add))
-    if placement == "post":
-        out.append(Cell("sublayers.1.normed", ("sublayers.1.residual",), norm(1)))
-        out.append(Cell("output", ("sublayers.1.normed",), lambda a: a.copy()))
-    else:
-        out.append(Cell("output", ("sublayers.1.residual",), lambda a: a.copy()))
+    last = "sublayers.0.input"
+    for s, name in enumerate(names):
+        inp = f"sublayers.{s}.input"
+        if s:
+            out.append(Cell(inp, (last,), _copy))
+        if placement == "pre":
+            out.append(Cell(f"sublayers.{s}.normed", (inp,), norm(s)))
+        sub_in = f"sublayers.{s}.normed" if placement == "pre" else inp
+        if name == "self_attention":
+            out += _multi_head_cells(sheet, sw, name, sheet.attention, sub_in, sub_in, visible(sheet, sw),
+                                     sheet.disabled_heads)
+        elif name == "cross_attention":                      # every query reads every memory row
+            out += _multi_head_cells(sheet, sw, name, sheet.cross_attention, sub_in, None,
+                                     np.ones((sheet.n_queries, sheet.memory.shape[0]), dtype=bool))
+        else:
+            out.append(Cell("ffn.hidden", (sub_in,),
+                            lambda a: np.maximum(a @ f["w_1"] + f["b_1"], 0.0) if sw.relu else a @ f["w_1"] + f["b_1"]))
+            out.append(Cell("ffn.output", ("ffn.hidden",), lambda h: h @ f["w_2"] + f["b_2"]))
+        out.append(Cell(f"sublayers.{s}.residual", (inp, f"{name}.output"), add))
+        if placement == "post":
+            out.append(Cell(f"sublayers.{s}.normed", (f"sublayers.{s}.residual",), norm(s)))
+            last = f"sublayers.{s}.normed"
+        else:
+            last = f"sublayers.{s}.residual"
+    out.append(Cell("output", (last,), _copy))
     return out
 
 
