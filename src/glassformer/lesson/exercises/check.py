@@ -168,13 +168,24 @@ class CellVerdict:
 class Report:
     cells: list[CellVerdict]
     bugs: list[str]
+    asked: list[str] = field(default_factory=list)     # the sheet's asked cells
 
     @property
     def verdict(self) -> str:
+        """empty (no cell filled: a blank hand-in never passes), right (every filled cell right) or wrong."""
+        if not self.cells:
+            return "empty"
         return "right" if all(c.verdict == "right" for c in self.cells) else "wrong"
 
+    @property
+    def left_out(self) -> list[str]:
+        """The asked cells the hand-in does not fill."""
+        filled = {c.path for c in self.cells}
+        return [p for p in self.asked if p not in filled]
+
     def as_json(self) -> dict:
-        return {"verdict": self.verdict, "bugs": self.bugs, "cells": [c.as_json() for c in self.cells]}
+        return {"verdict": self.verdict, "bugs": self.bugs, "filled": len(self.cells), "asked": len(self.asked),
+                "left_out": self.left_out, "cells": [c.as_json() for c in self.cells]}
 
 
 def check(sheet: Sheet, own: dict[str, np.ndarray]) -> Report:
@@ -238,7 +249,7 @@ def check(sheet: Sheet, own: dict[str, np.ndarray]) -> Report:
             v.bug = named[v.path]
             if v.bug not in names:
                 names.append(v.bug)
-    return Report(verdicts, names)
+    return Report(verdicts, names, list(sheet.asked))
 
 
 # ---- the table a student reads -------------------------------------------------------------------
@@ -248,13 +259,15 @@ WORDS = {
            "wrong": "wrong", "slip": "slip (a single mistake, not a known rule)",
            "carried_note": "follows from your own earlier numbers: the mistake is counted once, where it was made",
            "summary": "{right} right, {carried} carried, {wrong} wrong of {total} cells filled",
-           "all_right": "Every filled cell is right.", "empty": "No cell is filled in.",
+           "all_right": "Every filled cell is right.", "empty": "No cell is filled in: an empty hand-in.",
+           "left_out": "{n} of the {total} asked cells left out: {cells}",
            "claim": "lesson claim", "source": "seen in public code", "entries": "entries"},
     "zh": {"cell": "单元", "verdict": "判定", "bug": "错误", "right": "对", "carried": "沿用",
            "wrong": "错", "slip": "笔误（单个错误，不是已知的错误规则）",
            "carried_note": "由你自己前面的数字算得正确：一个错误只在出错处计一次",
            "summary": "已填 {total} 个单元：对 {right}，沿用 {carried}，错 {wrong}",
-           "all_right": "所填单元全部正确。", "empty": "没有填写任何单元。",
+           "all_right": "所填单元全部正确。", "empty": "没有填写任何单元：交了空白答卷。",
+           "left_out": "要求的 {total} 个单元中有 {n} 个没填：{cells}",
            "claim": "课文论断", "source": "公开代码中的同类错误", "entries": "位置"},
 }
 
@@ -262,7 +275,9 @@ WORDS = {
 def report_text(report: Report, lang: str = "en") -> str:
     w = WORDS[lang]
     if not report.cells:
-        return w["empty"]
+        return "\n".join([w["empty"]] + ([w["left_out"].format(n=len(report.asked), total=len(report.asked),
+                                                                cells=", ".join(report.asked))]
+                                         if report.asked else []))
     rows = [(w["cell"], w["verdict"], w["bug"])]
     for c in report.cells:
         mistake = "" if c.verdict != "wrong" else (c.bug if c.bug != "slip" else w["slip"])
@@ -276,6 +291,9 @@ def report_text(report: Report, lang: str = "en") -> str:
     lines += ["", w["summary"].format(total=len(report.cells), **counts)]
     if report.verdict == "right":
         lines.append(w["all_right"])
+    if report.left_out:
+        lines.append(w["left_out"].format(n=len(report.left_out), total=len(report.asked),
+                                          cells=", ".join(report.left_out)))
     if counts["carried"]:
         lines.append(f"{w['carried']}: {w['carried_note']}")
     for bug_id in report.bugs:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from ... import limits
 from ...errors import UsageError
 from ...validation import load_json
 from ..spec_schema import SpecError, validate_spec
+from .files import read_regular
 
 SHEET_VERSION = 1
 KIND_OF_SPEC = {"attention": "attention", "encoder_block": "block"}
@@ -153,13 +153,9 @@ def _check_sheet_sizes(sheet: Sheet, where: str) -> None:
 
 
 def read_json_file(path: str, what: str, *, error_type: type[UsageError] = UsageError) -> Any:
-    """A JSON file of at most MAX_SHEET_FILE_BYTES, read as one UsageError line when anything is wrong."""
-    with open(path, "rb") as f:
-        raw = f.read(limits.MAX_SHEET_FILE_BYTES + 1)
-        if len(raw) > limits.MAX_SHEET_FILE_BYTES:
-            limits.check(f"{path}: size in bytes", os.fstat(f.fileno()).st_size, "MAX_SHEET_FILE_BYTES", what)
-            raw += f.read()                                  # limits lifted (--no-limits)
-    return load_json(raw, path, error_type=error_type)
+    """A regular JSON file of at most MAX_SHEET_FILE_BYTES (a FIFO or /dev/zero is refused before a byte is
+    read), read as one UsageError line when anything is wrong."""
+    return load_json(read_regular(path, "MAX_SHEET_FILE_BYTES", what), path, error_type=error_type)
 
 
 def load_sheet(path: str) -> Sheet:
