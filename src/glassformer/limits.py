@@ -33,6 +33,20 @@ MAX_SHEET_HEADS = 4                  # heads of a block sheet
 MAX_SHEET_DECIMALS = 8               # decimals a sheet asks for
 MAX_SHEET_COUNT = 500                # sheets one `exercise new --count` writes (a class set)
 
+# ---- a student's code (`exercise check-code`, check_function): the file, and the process that runs it --
+MAX_CODE_FILE_BYTES = 256 << 10      # a student's .py file (256 KiB)
+MAX_CODE_SEEDS = 100                 # seeds one check runs (each its own probes, all in one process)
+MAX_CODE_LOAD_SECONDS = 10           # wall clock: the process starts and runs the file's top level (its imports)
+MAX_CODE_CALL_SECONDS = 5            # wall clock: one call of the student's function on one probe
+MAX_CODE_TOTAL_SECONDS = 20          # wall clock: the whole run, every call together
+MAX_CODE_CPU_SECONDS = 20            # CPU time of the process (RLIMIT_CPU)
+MAX_CODE_MEMORY_BYTES = 1 << 30      # address space the process may grow by once started (RLIMIT_AS, 1 GiB)
+MAX_CODE_WRITE_BYTES = 16 << 20      # any one file the process writes, its printed output included (RLIMIT_FSIZE)
+MAX_CODE_OPEN_FILES = 64             # file descriptors of the process (RLIMIT_NOFILE)
+MAX_CODE_OUTPUT_BYTES = 64 << 10     # printed output kept of stdout and of stderr each (the rest is counted)
+MAX_CODE_ANSWER_BYTES = 8 << 20      # what the process answers (every probe's returned arrays)
+MAX_CODE_ANSWER_ELEMENTS = 100_000   # numbers read back of one returned array (a larger one: its shape only)
+
 # ---- one sentence (`translate`, `explain`, POST /api/sentence) --------------------------------
 MAX_SOURCE_CHARS = 400               # characters of one source sentence in the lab
 MAX_TARGET_CHARS = 800               # characters of one target sentence in the lab

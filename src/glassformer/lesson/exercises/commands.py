@@ -1,4 +1,5 @@
-"""`glassformer exercise new ...` (sheets from seeds, audited) and `glassformer exercise check ...`."""
+"""`glassformer exercise new ...` (sheets from seeds, audited; starter files for code), `exercise check ...`
+(a hand-filled sheet) and `exercise check-code ...` (a student's own code, run apart)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,25 @@ from pathlib import Path
 from ... import limits
 from ...errors import UsageError
 from .sheet import NotASheet
+from .tasks import TASKS
 
 
 def add_exercise_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    new = sub.add_parser("new", help="write sheets: exercise.json, key.json, worksheet.md/.html, moodle.xml",
+    new = sub.add_parser("new", help="write sheets (exercise.json, key.json, worksheet.md/.html, moodle.xml), or "
+                                     "starter files for code (--code)",
                          description="Write a sheet per seed (numbers a student computes by hand) and print its "
-                                     "audit: which mistakes it tells apart.")
-    new.add_argument("--kind", choices=("attention", "block"), required=True,
-                     help="attention: one head from Q, K, V (3×3); block: the lesson's BLOCK shape (3 rows, d=4, "
-                          "two heads, LayerNorm, FFN)")
+                                     "audit: which mistakes it tells apart. With --code, a starter .py per task "
+                                     "(and with --moodle, a CodeRunner question per task).")
+    what = new.add_mutually_exclusive_group(required=True)
+    what.add_argument("--kind", choices=("attention", "block"),
+                      help="attention: one head from Q, K, V (3×3); block: the lesson's BLOCK shape (3 rows, d=4, "
+                           "two heads, LayerNorm, FFN)")
+    what.add_argument("--code", choices=(*TASKS, "all"), metavar="TASK",
+                      help=f"a starter file for the task a student writes as code ({', '.join(TASKS)}, or all)")
+    new.add_argument("--moodle", action="store_true",
+                     help="with --code: also coderunner.xml, a Moodle CodeRunner question (python3) per task whose "
+                          "template runs the checker")
     new.add_argument("--norm", choices=("post", "pre"), default="post", help="block placement (default post)")
     new.add_argument("--mask", choices=("none", "causal"), default=None,
                      help="self-attention mask (default: causal for attention, none for block)")
@@ -39,15 +49,70 @@ def add_exercise_arguments(parser: argparse.ArgumentParser) -> None:
     check.add_argument("answers", metavar="ANSWERS.json", help="a trace-spec v1 output with any cells filled in")
     check.add_argument("--json", action="store_true", help="print {verdict, bugs, cells} as JSON")
     check.add_argument("--lang", choices=("zh", "en"), default=None, help="table language (default: the sheet's)")
-    for p in (new, check):
+    code = sub.add_parser("check-code", help="run a student's own function on probes, apart, and name the mistake",
+                          description="Run the task's function of FILE.py in a confined process on probes drawn "
+                                      "from the seed; compare with the lesson's computation and name the library's "
+                                      "bug (or two) that the code follows. Verdicts: right, wrong, error, timeout, "
+                                      "crashed.")
+    code.add_argument("file", metavar="FILE.py", help="the student's Python file")
+    code.add_argument("--task", choices=TASKS, required=True, metavar="TASK",
+                      help=f"the function it implements: {', '.join(TASKS)}")
+    code.add_argument("--seed", type=int, default=0, help="the probes' seed (default 0)")
+    code.add_argument("--json", action="store_true",
+                      help="print {verdict, bugs, shape_error, probes, ...} as JSON (docs/exercises.md)")
+    code.add_argument("--lang", choices=("zh", "en"), default="zh", help="report language (default zh)")
+    code.add_argument("--inputs", choices=("numpy", "torch"), default="numpy",
+                      help="what the function is given: NumPy arrays (default) or torch tensors (float64)")
+    for p in (new, check, code):
         p.add_argument("--no-limits", action="store_true", default=argparse.SUPPRESS,
                        help="lift the work limits (docs/limits.md) for trusted local input")
 
 
 def exercise_command(args: argparse.Namespace) -> int:
     if args.action == "new":
-        return _new(args)
+        return _new_code(args) if args.code else _new(args)
+    if args.action == "check-code":
+        return _check_code(args)
     return _check(args)
+
+
+def _new_code(args: argparse.Namespace) -> int:
+    from .handout import coderunner_xml, starter, tasks_named
+    sheet_only = {"--norm": args.norm != "post", "--mask": args.mask is not None, "--count": args.count != 1,
+                  "--decimals": args.decimals != 4, "--eps": args.eps is not None, "--ask": args.ask is not None}
+    for flag, given in sheet_only.items():
+        if given:
+            raise UsageError(f"{flag}: only for sheets (--kind), not with --code")
+    if not 0 <= args.seed <= 2**32 - 1:
+        raise UsageError(f"--seed: expected 0..{2**32 - 1}, got {args.seed}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out: {out} exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    tasks = tasks_named(args.code)
+    for task in tasks:
+        path = out / f"{task.function}.py"
+        path.write_text(starter(task), encoding="utf-8")
+        print(f"{path}: starter for task {task.name}: def {task.function}({task.signature}); check it with "
+              f"glassformer exercise check-code {path} --task {task.name}")
+    if args.moodle:
+        path = out / "coderunner.xml"
+        path.write_text(coderunner_xml(tasks, args.seed, args.lang), encoding="utf-8")
+        print(f"{path}: {len(tasks)} CodeRunner question(s) (python3), seed {args.seed}; the Jobe server needs "
+              f"glassformer's checker: pip install --no-deps glassformer, and numpy")
+    return 0
+
+
+def _check_code(args: argparse.Namespace) -> int:
+    from .judge import check_code
+    if not 0 <= args.seed <= 2**32 - 1:
+        raise UsageError(f"--seed: expected 0..{2**32 - 1}, got {args.seed}")
+    report = check_code(args.file, args.task, args.seed, lang=args.lang, inputs=args.inputs)
+    if args.json:
+        print(json.dumps(report.as_json(), ensure_ascii=False, allow_nan=False))
+    else:
+        print(report.text())
+    return 0
 
 
 def _new(args: argparse.Namespace) -> int:
@@ -58,6 +123,8 @@ def _new(args: argparse.Namespace) -> int:
     limits.check("--count: sheets", args.count, "MAX_SHEET_COUNT", "--count")
     if args.seed < 0 or args.seed + args.count - 1 > 2**32 - 1:
         raise UsageError(f"--seed: expected 0..{2**32 - 1} (with --count), got {args.seed}")
+    if args.moodle:
+        raise UsageError("--moodle: only with --code (a sheet's folder always holds moodle.xml)")
     eps = EPS if args.eps is None else args.eps
     if not eps >= 0 or eps != eps or eps == float("inf"):
         raise UsageError(f"--eps: expected a finite number >= 0, got {args.eps}")
