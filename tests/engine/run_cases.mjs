@@ -108,6 +108,19 @@ function run(c) {
     }
     case "attribution_patching":
       return engine.attributionPatching(model, c.clean, c.corrupt, c.tgt, c.row, c.token, { positions: c.positions ?? true });
+    case "train_steps": {                  // optimiser steps from the bundle's weights on given batches
+      const optimizer = new engine.Adam(loaded.tensors);
+      const o = engine.checkTrainOptions(c.opts || {});
+      const losses = c.batches.map((pairs) => engine.trainStep(model, optimizer, pairs, o).loss);
+      return { losses, tensors: Object.fromEntries([...loaded.tensors].map(([name, t]) => [name, Array.from(t.data)])) };
+    }
+    case "learn": {                        // a toy trained from its seed: held-out exact match before and after
+      const trainer = new engine.Trainer(c.opts);
+      const before = trainer.evaluate();
+      const result = engine.trainUntilDone(trainer);
+      return { before, ...result, heldOut: trainer.heldOut, validation: trainer.validationSet,
+        drawn: Array.from({ length: 200 }, () => trainer.drawTraining()) };
+    }
     case "greedy": return { ids: engine.greedy(model, c.src, { maxLen: c.maxLen }) };
     case "beam": return { ids: engine.beamSearch(model, c.src, { beam: c.beam, lengthPenalty: c.alpha ?? 1.0, maxLen: c.maxLen }) };
     case "next": return { top: engine.nextDistribution(model, c.src, c.prefix, { off: c.off || [], top: c.top ?? 10 }) };

@@ -88,5 +88,7 @@ export { nextDistribution, patchingTable, patchingScan, logitLens, altiPlus, sof
 export { attributeReport, attributeReportScan, attribution, attributionRows, attributionTarget, attributionPatching,
   attributionPatchingScan, targetPieces, wordGroups, baselineName, gaussLegendre, ATTRIBUTION_METHODS, GRADIENT_METHODS, AUTO_STEPS,
   ATTRIBUTION_LIMITS } from "./attribute.js";
+export { TASKS, TRAIN_DEFAULTS, TRAIN_LIMITS, checkTrainOptions, Trainer, runTraining, trainUntilDone, trainStep,
+  batchGradients, Adam, learningRate, clipGradients, initialWeights, seededRandom } from "./train.js";
 export { loadTokenizers } from "./tokenize.js";
 export { runTrace, blockSpec, exerciseSpec, round6, matmul, transpose, softmaxRows, layerNorm, attention } from "./trace.js";

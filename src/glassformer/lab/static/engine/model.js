@@ -31,12 +31,13 @@ export function copyMatrix(m) {
 // The ops of one forward pass, in order, and the gradients they fill: dL/d(value) of every Matrix that
 // took part (`grad(m)`), and dL/d(weight) of every weight tensor {shape, data} (`weightGrad(t)`, only
 // when `weights` is true: attribution asks for the inputs' gradients alone and skips them).
+// `weightGrads`: a Map shared by several tapes (a batch's sentences) sums their weights' gradients.
 export class Tape {
-  constructor({ weights = true } = {}) {
+  constructor({ weights = true, weightGrads = new Map() } = {}) {
     this.ops = [];                       // backward closures, in forward order
     this.weights = weights;
     this.grads = new Map();              // Matrix -> Float64Array
-    this.weightGrads = new Map();        // weight tensor -> Float64Array (a tied tensor is one key: it adds)
+    this.weightGrads = weightGrads;      // weight tensor -> Float64Array (a tied tensor is one key: it adds)
   }
 
   push(backward) {
@@ -124,13 +125,30 @@ export function linear(x, weight, bias, tape) {
 }
 
 // y = x W^T + b:    dx = dy W    (n, out)(out, in)      dW += dy^T x    (out, n)(n, in)      db += sum_i dy_i
-// Zero entries of dy are skipped (a row the objective does not reach costs nothing).
+// Four rows at a time, as the forward (each weight row read once for four rows); four zero entries of dy are
+// skipped (a row the objective does not reach costs nothing).
 function linearBackward(tape, x, weight, bias, y) {
   const dy = tape.gradIf(y);
   if (!dy) return;
   const [out, inp] = weight.shape, n = x.rows, w = weight.data, xd = x.data;
   const dx = tape.grad(x);
-  for (let i = 0; i < n; i++) {
+  let i = 0;
+  for (; i + 4 <= n; i += 4) {                                          // dx_i += sum_o dy_io W_o
+    const x0 = i * inp, x1 = x0 + inp, x2 = x1 + inp, x3 = x2 + inp, y0 = i * out;
+    for (let o = 0; o < out; o++) {
+      const g0 = dy[y0 + o], g1 = dy[y0 + out + o], g2 = dy[y0 + 2 * out + o], g3 = dy[y0 + 3 * out + o];
+      if (g0 === 0 && g1 === 0 && g2 === 0 && g3 === 0) continue;
+      const wo = o * inp;
+      for (let k = 0; k < inp; k++) {
+        const wk = w[wo + k];
+        dx[x0 + k] += g0 * wk;
+        dx[x1 + k] += g1 * wk;
+        dx[x2 + k] += g2 * wk;
+        dx[x3 + k] += g3 * wk;
+      }
+    }
+  }
+  for (; i < n; i++) {
     const xi = i * inp;
     for (let o = 0; o < out; o++) {
       const g = dy[i * out + o];
@@ -141,18 +159,25 @@ function linearBackward(tape, x, weight, bias, y) {
   }
   if (!tape.weights) return;
   const dw = tape.weightGrad(weight);
-  for (let o = 0; o < out; o++) {
+  for (let o = 0; o < out; o++) {                                       // dW_o += sum_i dy_io x_i
     const wo = o * inp;
-    for (let i = 0; i < n; i++) {
-      const g = dy[i * out + o];
+    let r = 0;
+    for (; r + 4 <= n; r += 4) {
+      const g0 = dy[r * out + o], g1 = dy[(r + 1) * out + o], g2 = dy[(r + 2) * out + o], g3 = dy[(r + 3) * out + o];
+      if (g0 === 0 && g1 === 0 && g2 === 0 && g3 === 0) continue;
+      const x0 = r * inp, x1 = x0 + inp, x2 = x1 + inp, x3 = x2 + inp;
+      for (let k = 0; k < inp; k++) dw[wo + k] += g0 * xd[x0 + k] + g1 * xd[x1 + k] + g2 * xd[x2 + k] + g3 * xd[x3 + k];
+    }
+    for (; r < n; r++) {
+      const g = dy[r * out + o];
       if (g === 0) continue;
-      const xi = i * inp;
-      for (let k = 0; k < inp; k++) dw[wo + k] += g * xd[xi + k];
+      const xr = r * inp;
+      for (let k = 0; k < inp; k++) dw[wo + k] += g * xd[xr + k];
     }
   }
   if (bias) {
     const db = tape.weightGrad(bias);
-    for (let i = 0; i < n; i++) for (let o = 0; o < out; o++) db[o] += dy[i * out + o];
+    for (let r = 0; r < n; r++) for (let o = 0; o < out; o++) db[o] += dy[r * out + o];
   }
 }
 
@@ -337,7 +362,8 @@ export class ProbeContext {
     this.decisions = new Map();                       // name -> {record, keep, fns} (worked out once per name)
     this.recordAll = opts.record === true;
     this.recordPatterns = Array.isArray(opts.record) ? opts.record.map(globToRegExp) : [];
-    this.keepPatterns = (opts.keep || []).map(globToRegExp);
+    this.keepNames = new Set((opts.keep || []).filter((name) => !/[*?[]/.test(name)));   // exact names: no pattern
+    this.keepPatterns = (opts.keep || []).filter((name) => !this.keepNames.has(name)).map(globToRegExp);
     this.interventions = [];                          // [RegExp, fn], in order
     for (const head of opts.off || []) {
       if (!/^(encoder|decoder)\.\d+\.(self|cross)_attention\.head\.\d+$/.test(head) || !names.has(`${head}.output`)) {
@@ -353,7 +379,9 @@ export class ProbeContext {
       this.interventions.push([regexp, fn]);
     }
     this.idle = !this.recordAll && this.recordPatterns.length === 0 && this.interventions.length === 0 &&
-      this.keepPatterns.length === 0;
+      this.keepPatterns.length === 0 && this.keepNames.size === 0;
+    this.keepOnly = !this.idle && !this.recordAll && this.recordPatterns.length === 0 && this.interventions.length === 0 &&
+      this.keepPatterns.length === 0;                 // only exact names kept: a Set lookup per hook point
   }
 
   decision(name) {
@@ -361,7 +389,7 @@ export class ProbeContext {
     if (!d) {
       d = {
         record: this.recordAll || this.recordPatterns.some((r) => r.test(name)),
-        keep: this.keepPatterns.some((r) => r.test(name)),
+        keep: this.keepNames.has(name) || this.keepPatterns.some((r) => r.test(name)),
         fns: this.interventions.filter(([r]) => r.test(name)).map(([, fn]) => fn),
       };
       this.decisions.set(name, d);
@@ -373,6 +401,10 @@ export class ProbeContext {
   // replacement is a new leaf for the backward: the gradient stops there (a switched-off head passes none back).
   at(name, value) {
     if (this.idle) return value;
+    if (this.keepOnly) {
+      if (this.keepNames.has(name)) this.kept.set(name, value);
+      return value;
+    }
     const d = this.decision(name);
     if (d.record) this.probes.set(name, copyMatrix(value));
     for (const fn of d.fns) {
@@ -1020,9 +1052,11 @@ export class Pass {
     this.tgtEmbedding = ctx.kept.get("decoder.embedding");
   }
 
-  // dL/d(every value of the pass), from dL/dlogits (a Matrix (T, V) or its Float64Array)
+  // dL/d(every value of the pass), from dL/dlogits (a Matrix (T, V) or its Float64Array); a second backward
+  // starts again from zero gradients (the weights' too)
   backward(dLogits) {
-    this.tape.zero();
+    if (this.ran) this.tape.zero();
+    this.ran = true;
     this.tape.backward(this.logits, dLogits);
     return this;
   }
@@ -1049,9 +1083,10 @@ export class Pass {
 
 // Teacher forcing on a tape. opts as forward's (off, intervene, record) plus: weights (default true; false:
 // the inputs' gradients only, as attribution needs), embeddings {src, tgt}: Matrices (S, d), (T, d) that
-// replace the values at encoder.embedding / decoder.embedding, keep: probe names whose gradients are read.
+// replace the values at encoder.embedding / decoder.embedding, keep: probe names whose gradients are read,
+// weightGrads: a Map (weight tensor -> Float64Array) the weights' gradients are added into (a batch's sum).
 export function tapedPass(model, srcIds, tgtInIds, opts = {}) {
-  const tape = new Tape({ weights: opts.weights ?? true });
+  const tape = new Tape({ weights: opts.weights ?? true, weightGrads: opts.weightGrads });
   const intervene = { ...(opts.intervene || {}) };
   const given = opts.embeddings || {};
   if (given.src) intervene["encoder.embedding"] = () => given.src;
