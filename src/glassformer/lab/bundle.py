@@ -142,3 +142,78 @@ def read_bundle(bundle: Any) -> tuple[ModelConfig, dict, dict[str, np.ndarray]]:
 def bundle_json(bundle: dict) -> str:
     """The bundle as compact JSON text (what a page embeds)."""
     return json.dumps(bundle, ensure_ascii=False, separators=(",", ":"))
+
+
+# ---- the offline file's weights: byte planes, deflated, seven bits a character ------------------------------------
+# The exported page (lab/export.py) carries a bundle's weights losslessly in about 0.84 x 8/7 of their bytes instead
+# of base64's 4/3: each tensor byte's place in its float (sign and exponent, then the mantissa bytes) becomes a plane
+# of its own, so the exponents sit together and deflate (zlib, with its Adler-32 check) shrinks them; the deflated
+# bytes are then written seven bits a character. A 7-bit value that HTML script text cannot hold as it is (NUL and
+# CR, which the parser rewrites, and "<", which could end the element) is written with the next 7-bit value as one
+# two-byte character U+0100 + 128·k + next (k: its place in PACK_ESCAPED; k + 3 for the last value, alone). The page
+# decodes it (static/pack.js: the browser's own DecompressionStream) back into the float bytes of the bundle.
+PACK_FORMAT = "planes-zlib-text7"
+PACK_ESCAPED = (0x00, 0x0D, 0x3C)
+PACK_ESCAPE_BASE = 0x100
+
+
+def pack_weights(raw: bytes, width: int) -> tuple[str, dict]:
+    """`raw` (little-endian values of `width` bytes) as text for a script element, and what the page needs to
+    read it: {"format", "width", "bytes", "deflated"}."""
+    import zlib
+
+    if width < 1 or len(raw) % width:
+        raise BundleError(f"pack_weights: {len(raw)} bytes are not values of {width} bytes")
+    planes = np.frombuffer(raw, np.uint8).reshape(-1, width).T.tobytes()        # (width, values): plane after plane
+    deflated = zlib.compress(planes, 6)
+    bits = np.unpackbits(np.frombuffer(deflated, np.uint8))
+    bits = np.concatenate([bits, np.zeros(-len(bits) % 7, np.uint8)]).reshape(-1, 7)
+    values = np.zeros(len(bits), np.uint32)                                    # 7-bit values, most significant first
+    for j in range(7):
+        values |= bits[:, j].astype(np.uint32) << (6 - j)
+    escaped = {v: k for k, v in enumerate(PACK_ESCAPED)}
+    out = values.copy()
+    keep = np.ones(len(values), bool)
+    candidates = np.flatnonzero(np.isin(values, PACK_ESCAPED))
+    skip = -1
+    for i in candidates.tolist():                             # left to right: a pair eats the next value
+        if i <= skip:
+            continue
+        k = escaped[int(values[i])]
+        if i + 1 < len(values):
+            out[i] = PACK_ESCAPE_BASE + 128 * k + int(values[i + 1])
+            keep[i + 1] = False
+            skip = i + 1
+        else:
+            out[i] = PACK_ESCAPE_BASE + 128 * (k + 3)
+    text = out[keep].astype("<u4").tobytes().decode("utf-32-le")
+    return text, {"format": PACK_FORMAT, "width": width, "bytes": len(raw), "deflated": len(deflated)}
+
+
+def unpack_weights(text: str, info: dict) -> bytes:
+    """pack_weights' bytes back from its text (the page's static/pack.js reads it the same way)."""
+    import zlib
+
+    codes = np.frombuffer(text.encode("utf-32-le"), "<u4")
+    values = []
+    for c in codes.tolist():
+        if c < 0x80:
+            values.append(c)
+            continue
+        k, rest = divmod(c - PACK_ESCAPE_BASE, 128)
+        if not 0 <= k < 2 * len(PACK_ESCAPED):
+            raise _damaged(f"weights: character U+{c:04X}")
+        if k < len(PACK_ESCAPED):
+            values += [PACK_ESCAPED[k], rest]
+        else:
+            values.append(PACK_ESCAPED[k - len(PACK_ESCAPED)])               # the last value, alone
+    bits = ((np.array(values, np.uint8)[:, None] >> np.arange(6, -1, -1)) & 1).astype(np.uint8).ravel()
+    deflated = np.packbits(bits[: 8 * info["deflated"]]).tobytes()
+    try:
+        planes = zlib.decompress(deflated)
+    except zlib.error as error:
+        raise _damaged(f"weights: {error}") from None
+    width = info["width"]
+    if len(planes) != info["bytes"]:
+        raise _damaged(f"weights: {len(planes)} bytes, expected {info['bytes']}")
+    return np.frombuffer(planes, np.uint8).reshape(width, -1).T.tobytes()
