@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import math
@@ -471,23 +472,30 @@ def test_concurrent_trace_and_sentence_requests(server, api):
 
 def test_export_is_one_self_contained_page(api, tmp_path):
     html = build_html(api)
-    # i18n, data, app, views, the engine module, the model bundle; nothing loaded from outside
-    assert html.count("<script") == 6 and 'src="' not in html and 'href="style.css"' not in html
+    # i18n, data, app, views, the engine module, the worker's text, the model bundle and its weights; nothing
+    # loaded from outside
+    assert html.count("<script") == 8 and 'src="' not in html and 'href="style.css"' not in html
     assert html.count('<script type="module">') == 1 and "import {" not in html and "\nexport " not in html
-    assert "Content-Security-Policy" in html and "default-src 'none'" in html
+    assert html.count('<script type="text/plain" id="lab-worker">') == 1
+    csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]*)"', html).group(1)
+    assert "default-src 'none'" in csp and "worker-src blob:" in csp and "connect-src" not in csp
     data = json.loads(re.search(r"window\.LAB_EMBED = (\{.*?\});</script>", html, re.S).group(1)
                       .replace("<\\/", "</"))
-    assert set(data) == {"info", "block", "masks", "verify", "attribution", "default"}
-    assert set(data["attribution"]) == {"integrated-gradients", "input-x-gradient", "saliency", "attention"}
+    assert set(data) == {"info", "block", "masks", "verify"}              # nothing precomputed for the views
     block = data["block"]["spec"]
     assert max_difference(run_reference(block), api.trace(block)) < 1e-12
-    # the model is the last element, its length recorded before it (a cut file is recognised)
-    match = re.search(r'<script type="application/json" id="lab-bundle" data-chars="(\d+)">(.*?)</script>\n</body>',
+    # the model comes last, its lengths recorded before it (a cut file is recognised): the bundle, then its weights
+    match = re.search(r'<script type="application/json" id="lab-bundle" data-chars="(\d+)">(.*?)</script>\n'
+                      r'<script type="text/plain" id="lab-weights" data-chars="(\d+)">(.*?)</script>\n</body>',
                       html, re.S)
     assert match and len(match.group(2).encode("utf-16-le")) // 2 == int(match.group(1)) and "<" not in match.group(2)
+    assert len(match.group(4)) == int(match.group(3)) and not set(match.group(4)) & {"<", "\r", "\0"}
     payload = json.loads(match.group(2))
-    from glassformer.lab.bundle import read_bundle
-    cfg, vocab, tensors = read_bundle(payload["bundle"])
+    from glassformer.lab.bundle import read_bundle, unpack_weights
+    bundle = payload["bundle"]
+    assert bundle["data"] == "" and bundle["packed"]["format"] == "planes-zlib-text7"
+    raw = unpack_weights(match.group(4), bundle["packed"])
+    cfg, vocab, tensors = read_bundle({**bundle, "data": base64.b64encode(raw).decode("ascii")})
     assert cfg == api.lab_model.model.cfg and payload["limits"]["MAX_SOURCE_CHARS"] == 400
     weight = api.lab_model.model.state_dict()["src_embed.token.weight"].double().numpy()
     assert abs(tensors["src_embed.token.weight"] - weight).max() == 0              # float32 weights, exactly

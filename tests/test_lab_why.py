@@ -5,6 +5,8 @@ Playwright, a failure under CI); the API's own checks are in the second half (no
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import test_lab_browser as shared
@@ -90,36 +92,55 @@ def test_why_view_draws_the_map_the_contrast_and_the_lens(browser, lab_server, a
         over = [r for r in forced["rows"] if r["error"] > 0.0001]
         warning = page.inner_text("#why-unconverged")
         named = [r for r in over if f"{r['token']} (" in warning or f"{r['token']}（" in warning]
-        assert over and named == over and all(f"{100 * r['error']:.2f}" in warning for r in over)
+        shown = [float(x) for x in re.findall(r"\d+\.\d\d", warning)]          # the page: float64, the API float32
+        assert over and named == over and all(any(abs(x - 100 * r["error"]) <= 0.011 for x in shown) for r in over)
         page.fill("#why-steps", "auto")
         page.fill("#why-tolerance", "0.01")
-        # a contrast word the vocabulary lacks: one line naming the field, the 400 only
+        # a contrast word the vocabulary lacks: one line naming the field (the page refuses it; nothing is logged)
         page.fill("#why-contrast", "zebra")
         page.click("#why-run")
         page.wait_for_selector("#error:not([hidden])", timeout=20000)
         assert "contrast" in page.inner_text("#error") and "zebra" in page.inner_text("#error")
-        assert p.errors and all("400" in e for e in p.errors)
+        assert p.errors == [] and p.outside == []
     finally:
         p.close()
 
 
 @pytest.mark.browser
 @pytest.mark.slow
-def test_the_exported_page_labels_gradients_precomputed_and_runs_alti_live(browser, api, tmp_path):
+def test_the_exported_page_computes_gradients_live_for_a_new_sentence(browser, api, tmp_path):
+    """From file:// with nothing precomputed: integrated gradients of the default sentence as the API gives them,
+    then saliency of a sentence of the student's own (the page's engine in its worker) and ALTI+."""
     out = tmp_path / "lab.html"
     write_export(api, out)
     p = Page(browser, "en-US")
     try:
         p.page.goto(out.as_uri() + "#why")
-        p.page.wait_for_selector("#why-precomputed", timeout=20000)
-        label = p.page.inner_text("#why-precomputed")
-        assert "Precomputed" in label and "server" in label
+        p.wait_count("whyRuns", 1)
+        assert p.page.is_visible("#why-live") and p.page.locator("#why-precomputed").count() == 0
+        expected = api.attribute({})
+        top = max(expected["rows"][2]["source"], key=lambda pair: abs(pair[1]))
+        assert f"{top[1]:.3f}" in p.page.inner_text("#why-top")
+        own = "我／给／他／一／本／书／。"                                  # units of the untrained model's vocabulary
+        p.page.fill("#why-source", own)
+        p.page.fill("#why-target", "")
+        p.page.select_option("#why-method", "saliency")
+        p.wait_count("whyRuns", 2)
+        p.page.click("#why-run")
+        p.wait_count("whyRuns", 3)
+        units = p.page.locator('[data-probe="why.map"] thead th.src').all_inner_texts()
+        assert units == own.split("／")
+        want = api.attribute({"source": own, "target": None, "method": "saliency", "contrast": "her"})
+        rows = p.page.locator('[data-probe="why.map"] tbody tr')
+        assert rows.count() == len(want["rows"])
+        first = [float(v) for v in rows.first.locator("td.num").all_inner_texts()[: len(units)]]
+        assert first == pytest.approx([v for _, v in want["rows"][0]["source"]], abs=0.006)
         p.page.select_option("#why-method", "alti")
-        p.page.wait_for_selector("#why-live", timeout=20000)
+        p.wait_count("whyRuns", 4)
         shares = [float(x) for x in p.page.locator('[data-probe="why.map"] td.share').evaluate_all(
             "(cells) => cells.map((c) => c.dataset.share)")]
         assert shares and all(0 <= s <= 1 for s in shares)
-        assert p.errors == []
+        assert p.errors == [] and p.outside == []
     finally:
         p.close()
 

@@ -39,7 +39,8 @@ __all__ = ["DEFAULT_SOURCE", "DEFAULT_TARGET", "UNTRAINED_SEED", "LabAPI", "LabM
 # The lesson's sentence, target and corruption (glassformer.lesson.examples), as the page shows them
 PATCH_CORRUPT = examples.in_units(examples.HER_UNITS)            # 他 → 她: does `him` still come out?
 BLOCK_TOKENS = ("我", "给", "书")             # the positions the lesson's BLOCK rows stand for
-PAGE_DTYPE = "float32"               # the weights the page loads: float16 moved p(him) by ~1e-4 (docs/lab.md)
+PAGE_DTYPE = "float32"               # the page's weights: float16 moved attributions by percents (docs/lab.md); the
+                                     # offline file packs them losslessly instead (bundle.pack_weights)
 PAGE_LIMITS = ("MAX_SOURCE_CHARS", "MAX_TARGET_CHARS", "MAX_SENTENCE_TOKENS", "MAX_TOP_K", "MAX_BEAM")
 
 

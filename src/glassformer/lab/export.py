@@ -1,15 +1,17 @@
 """`glassformer lab --export FILE`: the whole lab as one self-contained HTML file that works from file://.
 
-The trained translator travels inside: its bundle (lab/bundle.py: config, vocabularies, weights as base64
-float32) is the page's last element, and the engine (static/engine/*.js, static/live.js) is inlined as one
-module script, so every view computes in the page — any sentence translated, walked, patched, read by the
-lens and ALTI+, the BLOCK's switches. What needs gradients (integrated gradients, input × gradient,
-saliency) is precomputed for the default sentence and labelled so. CSS and the classic scripts are inlined;
-a Content-Security-Policy forbids any network access and eval.
+The trained translator travels inside: its bundle (lab/bundle.py: config, vocabularies, and the float32 weights
+packed losslessly by pack_weights) comes last, and the engine (static/engine/*.js, static/live.js) is inlined as one
+module script, so every view computes in the page — any sentence translated, walked, patched, attributed (gradients
+by the engine's backward pass), read by the lens and ALTI+, the BLOCK's switches, a toy trained in the Train view.
+The page's Web Worker (static/worker.js and the engine) travels as the text of one script element that the page
+starts from a Blob URL. CSS and the classic scripts are inlined; a Content-Security-Policy forbids any network
+access and eval (workers from blob: URLs only).
 """
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import posixpath
@@ -17,17 +19,17 @@ import re
 from pathlib import Path
 
 from ..lesson import examples
-from .api import DEFAULT_SOURCE, DEFAULT_TARGET, PAGE_DTYPE, LabAPI, lesson_text
+from .api import PAGE_DTYPE, LabAPI
+from .bundle import DTYPES, pack_weights
 from .server import STATIC_DIR
 
 MASKS = ("none", "causal", "padding")
 OFFLINE_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-               "img-src data:; base-uri 'none'; form-action 'none'")
+               "img-src data:; worker-src blob:; base-uri 'none'; form-action 'none'")
 SCRIPT_TAG = re.compile(r'<script src="([^"<>]+)" defer></script>\n?')   # how index.html loads a script
 MODULE_TAG = re.compile(r'<script type="module" src="([^"<>]+)"></script>\n?')   # ... and its one module
 VIEWS_DIR = "views/"                 # where the view files are: inlined together, as one script element
-GRADIENT_METHODS = ("integrated-gradients", "input-x-gradient", "saliency")
-PRECOMPUTED_METHODS = (*GRADIENT_METHODS, "attention")   # the "why" view's methods the page does not run itself
+WORKER = "worker.js"                 # the page's Web Worker: inlined with the engine as a text/plain script element
 
 
 def with_toggles(spec: dict, disabled: tuple[int, ...], norm: str, scale: bool, mask: str) -> dict:
@@ -80,31 +82,13 @@ def swapped_source(units: list[str]) -> str | None:
     return examples.in_units(swapped)
 
 
-def precomputed_attribution(api: LabAPI) -> dict[str, dict]:
-    """The "why" view's gradient methods (and attention weights, by word) for the default sentence and target:
-    him against her, or without a contrast where `her` is no single token of the model's vocabulary."""
-    from ..errors import UsageError
-
-    out = {}
-    for method in PRECOMPUTED_METHODS:
-        try:
-            out[method] = api.attribute({"method": method, "contrast": "her"})
-        except UsageError as error:
-            if error.field != "contrast":
-                raise
-            out[method] = api.attribute({"method": method, "contrast": None})
-    return out
-
-
 def export_data(api: LabAPI) -> dict:
-    """What the page cannot compute itself, computed once: the claims table, the masks batch, gradients."""
+    """What the page does not compute itself, computed once: the claims table, the masks batch, the BLOCK."""
     return {
         "info": api.info(),
         "block": api.block(),
         "masks": api.masks(),
         "verify": api.verify(),
-        "attribution": precomputed_attribution(api),
-        "default": {"source": lesson_text(DEFAULT_SOURCE, api.lab_model.source), "target": DEFAULT_TARGET},
     }
 
 
@@ -195,7 +179,9 @@ def _scoped_module(name: str, text: str, var: dict[str, str]) -> str:
 
 def inline_scripts(page: str, static: Path, data: str) -> str:
     """Every `<script src=... defer>` of index.html replaced by the file's text, in the page's own order, and
-    its one `<script type="module" src=...>` by the module and everything it imports (module_script).
+    its one `<script type="module" src=...>` by the module and everything it imports (module_script), followed by
+    the page's worker (worker.js and everything it imports) as the text of a `<script type="text/plain"
+    id="lab-worker">`, which live.js starts from a Blob URL.
 
     The embedded data goes just before app.js (which reads it); the view files (views/*.js) share one
     script element, each marked with its name. Inline classic scripts run while the page is read, the module
@@ -222,7 +208,9 @@ def inline_scripts(page: str, static: Path, data: str) -> str:
     page = SCRIPT_TAG.sub(inline, page)
 
     def module(m: re.Match) -> str:
-        return f'<script type="module">\n{_script_safe(module_script(static, m.group(1)), m.group(1))}\n</script>\n'
+        worker = _script_safe(module_script(static, WORKER), WORKER)
+        return (f'<script type="module">\n{_script_safe(module_script(static, m.group(1)), m.group(1))}\n</script>\n'
+                f'<script type="text/plain" id="lab-worker">\n{worker}\n</script>\n')
 
     return MODULE_TAG.sub(module, page)
 
@@ -235,8 +223,10 @@ def _json_in_html(value) -> str:
 def build_html(api: LabAPI, static_dir: str | Path = STATIC_DIR, dtype: str = PAGE_DTYPE) -> str:
     """The page with its CSS, scripts, embedded data and model inlined (no external request at all).
 
-    The model is the last element (`<script type="application/json" id="lab-bundle" data-chars=N>`): a file
-    cut short loses the end of the model first, and the page says so in one line (live.js)."""
+    The model comes last: its bundle without the weights (`<script type="application/json" id="lab-bundle"
+    data-chars=N>`), then the weights, packed losslessly (lab/bundle.py pack_weights: about 0.96 of their bytes
+    where base64 takes 4/3), in `<script type="text/plain" id="lab-weights" data-chars=N>`: a file cut short
+    loses the end of the model first, and the page says so in one line (live.js)."""
     static = Path(static_dir)
     page = (static / "index.html").read_text(encoding="utf-8")
     css = _script_safe((static / "style.css").read_text(encoding="utf-8"), "style.css")
@@ -245,6 +235,9 @@ def build_html(api: LabAPI, static_dir: str | Path = STATIC_DIR, dtype: str = PA
     payload = api.page_payload(dtype)
     if "unsupported" in payload:
         raise ValueError(f"the offline page cannot hold this model: {payload['unsupported']}")
+    bundle = payload["bundle"]                                    # its weights packed: lab/bundle.py pack_weights
+    weights, packed = pack_weights(base64.b64decode(bundle["data"]), DTYPES[bundle["dtype"]].itemsize)
+    payload = {**payload, "bundle": {**bundle, "data": "", "packed": packed}}
     model = _json_in_html(payload)
     units = len(model.encode("utf-16-le")) // 2                  # its length as the page counts (UTF-16 units)
     pieces = {
@@ -252,7 +245,8 @@ def build_html(api: LabAPI, static_dir: str | Path = STATIC_DIR, dtype: str = PA
             f'<meta charset="utf-8">\n<meta http-equiv="Content-Security-Policy" content="{OFFLINE_CSP}">',
         '<link rel="stylesheet" href="style.css">': f"<style>\n{css}\n</style>",
         "</body>":
-            f'<script type="application/json" id="lab-bundle" data-chars="{units}">{model}</script>\n</body>',
+            f'<script type="application/json" id="lab-bundle" data-chars="{units}">{model}</script>\n'
+            f'<script type="text/plain" id="lab-weights" data-chars="{len(weights)}">{weights}</script>\n</body>',
     }
     for old, new in pieces.items():
         if old not in page:

@@ -1,11 +1,18 @@
 // glassformer lab: the trained translator in the page. Loads the model bundle (embedded in the exported file,
 // GET api/bundle when served), builds the engine (engine/) and its tokenizers, and offers
-//   window.glassformer = {ready, translate(text, {beam}), next(source, targetPrefix, {off}), analyse(text)}
+//   window.glassformer = {ready, translate(text, {beam}), next(source, targetPrefix, {off}), analyse(text),
+//                         attribute(source, target, {method, steps, contrast}), train({task, seed, seconds, ...})}
 // for scripts, and window.LAB_LIVE (the same session plus what the views compute) for the lab's views.
-// Everything runs in float64 on the page's own thread; long work (patching) yields between runs.
-import { loadBundle, Transformer, generate, nextDistribution, patchingScan, logitLens, altiPlus, runTrace, softmaxRow } from "./engine/index.js";
-import { loadTokenizers } from "./engine/tokenize.js";
+// Everything runs in float64. Short work runs on the page's thread (long patching yields between runs); gradient
+// attribution, attribution patching and training run in a Web Worker (worker.js) holding its own copy of the model.
+// A toy trained in the Train view can take the translator's place in the views (useToy / useTranslator).
+import { loadBundle, Transformer, generate, nextDistribution, patchingScan, logitLens, runTrace, softmaxRow,
+  attributionTarget, targetPieces, baselineName, ATTRIBUTION_METHODS, AUTO_STEPS, checkTrainOptions, TRAIN_DEFAULTS,
+  TASKS } from "./engine/index.js";
+import { loadTokenizers, UNK_ID } from "./engine/tokenize.js";
 import { newExerciseSheet, exerciseKey, runExerciseWithBug, checkExercise, parseExerciseTable, exerciseBug, exerciseNotCovered } from "./engine/exercises.js";
+import { toySession } from "./toy.js";
+import { unpackWeights, base64Of } from "./pack.js";
 
 const EMBED = window.LAB_EMBED || null;             // the exported page's precomputed data (app.js reads it too)
 
@@ -27,7 +34,22 @@ async function readPayload() {
       throw new LiveError(`this file is damaged: its model has ${thousands(text.length)} of ${thousands(want)} characters `
         + "(cut short while copying? copy it again, or export it again)", "file");
     }
-    try { return JSON.parse(text); } catch (e) { throw new LiveError(`this file is damaged: its model is not valid JSON (${e.message})`, "file"); }
+    let payload;
+    try { payload = JSON.parse(text); } catch (e) { throw new LiveError(`this file is damaged: its model is not valid JSON (${e.message})`, "file"); }
+    const packed = payload && payload.bundle && payload.bundle.packed;
+    if (packed) {                                    // the weights, packed (lab/bundle.py pack_weights), come last
+      const weights = document.getElementById("lab-weights");
+      const chars = weights ? weights.textContent : "";
+      if (!weights || chars.length !== Number(weights.dataset.chars)) {
+        throw new LiveError(`this file is damaged: its weights have ${thousands(chars.length)} of `
+          + `${thousands(Number(weights ? weights.dataset.chars : 0))} characters (cut short while copying? copy it again, or export it again)`, "file");
+      }
+      let bytes;
+      try { bytes = await unpackWeights(chars, packed); } catch (e) { throw new LiveError(e.message, "file"); }
+      payload.bundle = Object.assign({}, payload.bundle, { data: base64Of(bytes) });
+      delete payload.bundle.packed;
+    }
+    return payload;
   }
   const response = await fetch("api/bundle");
   let data = null;
@@ -48,7 +70,85 @@ async function start() {
   const model = new Transformer(config, loaded.tensors);
   let twin = null;                                   // the same weights with positions "none" (claim C1)
   const noPositions = () => (twin = twin || new Transformer(Object.assign({}, config, { positions: "none" }), loaded.tensors));
-  return { config, model, noPositions, source, target, limits: payload.limits || {}, info: payload.model || null };
+  return { config, model, tensors: loaded.tensors, vocab: loaded.vocab, noPositions, source, target,
+    limits: payload.limits || {}, info: payload.model || null };
+}
+
+// ---------------------------------------------------------------- the worker
+// Served: worker.js as a module worker. Exported: the file carries worker.js and the engine inlined as one script
+// (the text of the script element #lab-worker), started from a Blob URL, so nothing is requested.
+let workerUrl = null;
+
+function startWorker() {
+  const inline = document.getElementById("lab-worker");
+  if (inline) {
+    workerUrl = workerUrl || URL.createObjectURL(new Blob([inline.textContent], { type: "text/javascript" }));
+    return new Worker(workerUrl);
+  }
+  return new Worker("worker.js", { type: "module" });
+}
+
+/** One worker and its calls: call(op, message, onProgress) -> Promise of the answer; an error is a LiveError. */
+class Job {
+  constructor() {
+    this.calls = new Map();
+    this.count = 0;
+    this.listeners = {};
+    this.failed = null;
+    try { this.worker = startWorker(); } catch (e) {
+      this.worker = null;
+      this.failed = new LiveError(`the page's worker did not start: ${e.message}`, "worker");
+      return;
+    }
+    this.worker.onmessage = (event) => this.receive(event.data);
+    this.worker.onerror = (event) => {
+      event.preventDefault();
+      this.fail(new LiveError(`the page's worker stopped: ${event.message || "it could not start"}`, "worker"));
+    };
+  }
+
+  call(op, message, onProgress) {
+    if (this.failed) return Promise.reject(this.failed);
+    const id = ++this.count;
+    return new Promise((resolve, reject) => {
+      this.calls.set(id, { resolve, reject, onProgress });
+      try { this.worker.postMessage(Object.assign({ id, op }, message)); } catch (e) {
+        this.calls.delete(id);
+        reject(new LiveError(`${op}: ${e.message}`, "options"));
+      }
+    });
+  }
+
+  receive(m) {
+    if (m.id === undefined) { const listener = this.listeners[m.op]; if (listener) listener(m.update); return; }
+    const call = this.calls.get(m.id);
+    if (!call) return;
+    if (m.progress !== undefined) { if (call.onProgress) call.onProgress(m.progress); return; }
+    this.calls.delete(m.id);
+    if (m.error) call.reject(new LiveError(m.error.message, m.error.field || undefined));
+    else call.resolve(m.value);
+  }
+
+  fail(err) {
+    this.failed = err;
+    for (const call of this.calls.values()) call.reject(err);
+    this.calls.clear();
+  }
+
+  close() {
+    if (this.worker) this.worker.terminate();
+    this.fail(new LiveError("the page's worker was stopped", "worker"));
+  }
+}
+
+/** The session's worker, holding a copy of its model (started on first use). */
+function modelJob(S) {
+  if (!S.job) {
+    S.job = new Job();
+    S.job.call("model", { config: S.config, tensors: Array.from(S.tensors.entries()), vocab: S.vocab, toy: !!S.toy })
+      .catch(() => {});
+  }
+  return S.job;
 }
 
 // ---------------------------------------------------------------- checks, as the CLI and the server give them
@@ -65,6 +165,11 @@ function checkSource(S, text, field = "source") {
   limitCheck(S, `${field}: characters`, Array.from(text).length, "MAX_SOURCE_CHARS", field);
   const enc = S.source.analyse(text);
   limitCheck(S, `${field}: units`, enc.units.length, "MAX_SENTENCE_TOKENS", field);
+  const missing = enc.ids.findIndex((id) => id === null);          // a toy without <unk>: its symbols only
+  if (missing >= 0) {
+    throw new LiveError(`${field}: '${enc.units[missing].slice(0, 40)}' is not a symbol of this toy (its symbols: `
+      + `${S.source.symbols().join(" ")})`, field);
+  }
   const limit = S.config.max_len;
   if (enc.ids.length > limit) {
     throw new LiveError(`${field}: ${enc.ids.length} units, over the model's limit of ${limit} source units (shorten it)`, field);
@@ -77,6 +182,11 @@ function checkTarget(S, text, field = "target") {
   limitCheck(S, `${field}: characters`, Array.from(text).length, "MAX_TARGET_CHARS", field);
   const ids = S.target.encode(text);
   limitCheck(S, `${field}: tokens`, ids.length, "MAX_SENTENCE_TOKENS", field);
+  const missing = ids.findIndex((id) => id === null);
+  if (missing >= 0) {
+    throw new LiveError(`${field}: '${text.trim().split(/\s+/)[missing]}' is not a symbol of this toy (its symbols: `
+      + `${S.target.symbols().join(" ")})`, field);
+  }
   if (ids.length + 1 > S.config.max_len) {
     throw new LiveError(`${field} has ${ids.length} tokens; the model takes at most ${S.config.max_len - 1}`, field);
   }
@@ -207,8 +317,13 @@ function patchSource(S, text, field) {
   return enc;
 }
 
-/** POST /api/patch (activation patching), in the page: the scan runs in chunks, onProgress({done, total}). */
+/** POST /api/patch, in the page. Activation patching runs here in chunks, onProgress({done, total}); attribution
+ * patching (method "attribution": one backward pass) in the worker. */
 async function patch(S, body, onProgress) {
+  const method = body.method === undefined ? "activation" : body.method;
+  if (method !== "activation" && method !== "attribution") {
+    throw new LiveError(`method: expected one of activation, attribution, got ${JSON.stringify(method)}`, "method");
+  }
   const clean = patchSource(S, body.clean, "clean");
   const corrupts = Array.isArray(body.corrupt) ? body.corrupt : [body.corrupt];
   const focus = focusRow(S, body.target, body.predict);
@@ -222,6 +337,12 @@ async function patch(S, body, onProgress) {
     if (positions && enc.ids.length !== clean.ids.length) {
       throw new LiveError(`${field}: ${enc.ids.length} units (${enc.units.join(" ")}) but the clean sentence has `
         + `${clean.ids.length}; patching positions needs the same count (or heads only)`, field);
+    }
+    if (method === "attribution") {                  // one backward pass, in the worker
+      const table = await modelJob(S).call("patching", { cleanIds: clean.ids, corruptIds: enc.ids, tgtInIds: tgtIn,
+        row: focus.row, token: focus.token, options: { positions } }, onProgress);
+      runs.push({ corrupt: sentenceText, units: enc.units, ...table });
+      continue;
     }
     const scan = patchingScan(S.model, clean.ids, enc.ids, tgtIn, focus.row, focus.token, { positions });
     let started = performance.now();
@@ -238,7 +359,7 @@ async function patch(S, body, onProgress) {
   const names = ["<s>", ...focus.ids.map((id) => readable(S.target.idToToken(id)))];
   const piece = readable(S.target.idToToken(focus.token));
   return {
-    model: S.info, method: "activation", clean: body.clean, clean_units: clean.units, target: body.target, inputs: names,
+    model: S.info, method, clean: body.clean, clean_units: clean.units, target: body.target, inputs: names,
     row: focus.row, row_sees: names.slice(0, focus.row + 1), predict: piece, token_id: focus.token,
     layers: { encoder: cfg.encoder_layers, decoder: cfg.decoder_layers }, heads: cfg.heads,
     note: focus.pieces > 1 ? `'${focus.word}' is ${focus.pieces} sub-word pieces here: p is that of its first piece '${piece}'`
@@ -247,56 +368,151 @@ async function patch(S, body, onProgress) {
   };
 }
 
-/** ALTI+ and the logit lens of a sentence and target (what the "why" view computes without gradients), in the
- * shape of POST /api/attribute with method "alti" (rows by target token). */
-async function explainLive(S, body) {
-  if (typeof body.source !== "string" || !body.source.trim()) throw new LiveError("source: expected a non-empty Chinese sentence", "source");
-  const enc = checkSource(S, body.source);
-  if (!enc.ids.length) throw new LiveError("source: no units after splitting", "source");
-  const cfg = S.config;
-  const forced = typeof body.target === "string" && body.target.trim();
-  await pause();
-  const hyp = forced ? null : generate(S.model, enc.ids, { beam: 1 });
-  const ids = forced ? checkTarget(S, body.target) : hyp.tokens;
-  const tgtIn = [cfg.bos_id, ...ids];
-  const names = tgtIn.map((id) => S.target.piece(id, cfg));
-  const labelOf = (t) => (t + 1 < tgtIn.length ? tgtIn[t + 1] : cfg.eos_id);
-  let row = names.findIndex((n, t) => t > 0 && n.toLowerCase() === "gave");      // interpret/why.py lens_row
-  const why = row >= 0 ? "the row whose newest input is 'gave'" : "no 'gave' in the target: row 0";
-  if (row < 0) row = 0;
-  const contrastWord = body.contrast && String(body.contrast).trim() ? String(body.contrast).trim() : null;
-  let contrastId = null;
-  if (contrastWord) {
-    const pieces = S.target.encode(contrastWord);
-    if (pieces.length !== 1 || pieces[0] === 3) throw new LiveError(`contrast: '${contrastWord}' is not one token of the target vocabulary`, "contrast");
-    contrastId = pieces[0];
+// ---------------------------------------------------------------- attribution (glassformer attribute, in the worker)
+// engine/attribute.js computes the rows and checks steps, rule and tolerance as the CLI does; here: the options'
+// names, the method, the contrast word's token and the sentence's rows (the greedy output when no target is given).
+const CLI_DEFAULTS = { method: "integrated-gradients", steps: AUTO_STEPS, contrast: null, tolerance: 0.01, rule: "trapezoid" };
+const LENS_INPUT = "gave";                           // the lens reads the row whose newest input is `gave`
+
+/** The options of `glassformer attribute` with its defaults; the contrast word as one token of the target vocabulary. */
+function attributionOptions(S, opts) {
+  const given = Object.assign({}, opts || {});
+  for (const key of Object.keys(given)) {
+    if (!(key in CLI_DEFAULTS)) throw new LiveError(`${key}: not an option of attribute (${Object.keys(CLI_DEFAULTS).join(", ")})`, key);
+    if (given[key] === undefined) delete given[key];
   }
-  const lens = logitLens(S.model, enc.ids, tgtIn, row, labelOf(row), contrastId);
+  const o = Object.assign({}, CLI_DEFAULTS, given);
+  if (!ATTRIBUTION_METHODS.includes(o.method)) {
+    throw new LiveError(`method: expected one of ${ATTRIBUTION_METHODS.join(", ")}, got ${JSON.stringify(o.method)}`, "method");
+  }
+  o.contrastId = null;
+  if (o.contrast !== null) {                          // interpret/why.py contrast_id
+    if (typeof o.contrast !== "string" || !o.contrast.trim() || o.contrast.trim().split(/\s+/).length !== 1) {
+      throw new LiveError("contrast: expected one English word", "contrast");
+    }
+    o.contrast = o.contrast.trim();
+    const ids = S.target.encode(o.contrast);
+    if (ids.length !== 1 || ids[0] === null || ids[0] === UNK_ID) {
+      const shown = ids.map((id) => (id === null ? "?" : S.target.idToToken(id))).join(" ") || "nothing";
+      throw new LiveError(`contrast: '${o.contrast}' is not one token of the target vocabulary (it is ${shown})`, "contrast");
+    }
+    o.contrastId = ids[0];
+  }
+  return o;
+}
+
+/** POST /api/attribute's answer, computed in the page: {model, method, contrast, integration, rows, details}.
+ * body: {source, target (null: the greedy output), method, steps, contrast, tolerance, rule}; the rows are
+ * `glassformer attribute --json`'s. onProgress({done, total}) after each forward-backward pass in the worker. */
+async function attributeRun(S, body, onProgress) {
+  const { source, target } = body;
+  const opts = Object.assign({}, body);
+  delete opts.source; delete opts.target;
+  const o = attributionOptions(S, opts);
+  const enc = patchSource(S, source, "source");      // as interpret/why.py: no unknown unit
+  const forced = typeof target === "string" && target.trim();
+  let rows;
+  try {
+    rows = attributionTarget(S.model, enc.ids, forced ? checkTarget(S, target) : null);
+  } catch (e) { throw e instanceof LiveError ? e : new LiveError(e.message, e.field || "target"); }
+  const pieces = targetPieces(S.model, (id) => S.target.idToToken(id), rows.targetIds);
   await pause();
-  const alti = altiPlus(S.model, enc.ids, tgtIn);
-  const n = enc.ids.length;
-  const rowsOut = tgtIn.map((_, t) => {
-    const r = Array.from(alti.data.subarray(t * alti.cols, (t + 1) * alti.cols));
-    const share = r.slice(0, n).reduce((a, b) => a + b, 0);
-    return { position: t, token: S.target.piece(labelOf(t), cfg), source: enc.units.map((u, j) => [u, r[j]]),
-      prefix: names.slice(0, t + 1).map((p, k) => [p, r[n + k]]), sum: r.reduce((a, b) => a + b, 0), delta: null,
-      error: null, steps: null, passes: null, source_share: share };
+  const report = await modelJob(S).call("attribute", {
+    sentence: { srcIds: enc.ids, tgtInIds: rows.tgtInIds, targetIds: rows.targetIds, sourceUnits: enc.units,
+      targetTokens: pieces, contrast: o.contrastId === null ? null : o.contrast, contrastToken: o.contrastId },
+    options: { method: o.method, steps: o.steps, tolerance: o.tolerance, rule: o.rule },
+  }, onProgress);
+  const names = rows.tgtInIds.map((id) => readable(targetPieces(S.model, (i) => S.target.idToToken(i), [id])[0]));
+  const n = rows.targetIds.length;
+  // the lens row (interpret/why.py lens_row): the row after the word `gave`, else row 0
+  let row = 0; let why = `no '${LENS_INPUT}' in the target: row 0`;
+  const at = report.rows.findIndex((r, k) => r.token.toLowerCase() === LENS_INPUT
+    && (k + 1 < report.rows.length ? report.rows[k + 1].position : n) < n);
+  if (at >= 0) { row = at + 1 < report.rows.length ? report.rows[at + 1].position : n; why = `the row whose newest input is '${LENS_INPUT}'`; }
+  const lens = logitLens(S.model, enc.ids, rows.tgtInIds, row, rows.targetIds[row], o.contrastId);
+  const integrating = o.method === "integrated-gradients";
+  return Object.assign({ model: S.info }, report, {
+    details: { units: enc.units, unknown: enc.unknown, translation: S.target.decode(rows.outIds), mode: rows.mode,
+      finished: rows.finished, inputs: names, pieces: pieces.map(readable), steps: integrating ? o.steps : null,
+      baseline: integrating ? baselineName(S.model) : null,
+      lens: Object.assign({}, lens, { row, token: readable(pieces[row]), contrast: report.contrast, why, sees: names.slice(0, row + 1) }) },
   });
+}
+
+/** window.glassformer.attribute: the JSON `glassformer attribute --json` prints for these arguments. */
+async function attributeApi(S, source, target, opts) {
+  if (opts !== undefined && opts !== null && (typeof opts !== "object" || Array.isArray(opts))) {
+    throw new LiveError("options: expected an object like {method, steps, contrast}", "options");
+  }
+  if (target !== null && target !== undefined && typeof target !== "string") {
+    throw new LiveError("target: expected a string of English text, or null for the greedy translation", "target");
+  }
+  const r = await attributeRun(S, Object.assign({}, opts || {}, { source, target: target === undefined ? null : target }));
+  return { method: r.method, contrast: r.contrast, integration: r.integration, rows: r.rows };
+}
+
+// ---------------------------------------------------------------- training (engine/train.js, in a worker)
+/** The complete options of a training run, or a LiveError naming the field (checkTrainOptions' line). */
+function trainOptions(opts) {
+  if (opts !== undefined && opts !== null && (typeof opts !== "object" || Array.isArray(opts))) {
+    throw new LiveError("options: expected an object like {task, seed, seconds}", "options");
+  }
+  try { return checkTrainOptions(Object.assign({}, opts || {})); } catch (e) {
+    throw new LiveError(String(e.message).split("\n")[0], e.field || "options");
+  }
+}
+
+/** window.glassformer.train: a fresh worker trains the toy; {steps, seconds, loss, accuracy, example}. */
+async function train(opts, onProgress) {
+  const options = trainOptions(opts);
+  const job = new Job();
+  try { return await job.call("train", { options }, onProgress); } finally { job.close(); }
+}
+
+/** The Train view's trainer in a worker of its own: start(options) -> snapshot, run, pause, step, weights. */
+function trainer() {
+  const job = new Job();
   return {
-    model: S.info, method: "alti", contrast: null, integration: null, rows: rowsOut,
-    details: { units: enc.units, unknown: enc.unknown, translation: S.target.decode(ids), mode: forced ? "teacher-forced" : "greedy",
-      finished: forced ? true : hyp.finished, inputs: names, steps: null, baseline: null,
-      lens: Object.assign({}, lens, { row, token: S.target.piece(labelOf(row), cfg), contrast: contrastWord, why,
-        sees: names.slice(0, row + 1) }) },
+    start: (opts) => job.call("trainer.new", { options: trainOptions(opts) }),
+    run: () => job.call("trainer.run", {}),
+    pause: () => job.call("trainer.pause", {}),
+    step: () => job.call("trainer.step", {}),
+    weights: () => job.call("trainer.weights", {}),
+    onUpdate: (listener) => { job.listeners["trainer.update"] = listener; },
+    close: () => job.close(),
   };
 }
 
 // ---------------------------------------------------------------- wiring
 const ready = start();
 ready.catch(() => {});                                // reported on the page below, and to whoever awaits it
+let toy = null;                                       // a toy opened in the views (useToy), else null
+
+/** The session the views and the script API use: the toy while one is open, else the translator. */
+async function current() {
+  const translator = await ready;
+  return toy || translator;
+}
 
 function withSession(fn) {
-  return async (...args) => fn(await ready, ...args);
+  return async (...args) => fn(await current(), ...args);
+}
+
+/** Open a toy trained in the Train view in every view (weights: the trainer's; meta: {task, accuracy, example, label}). */
+async function useToy(weights, meta) {
+  let limits = {};
+  try { limits = (await ready).limits; } catch (e) { /* the toy does not need the translator */ }
+  const session = toySession(weights, meta, limits);
+  if (toy && toy.job) toy.job.close();
+  toy = session;
+  window.dispatchEvent(new CustomEvent("lab-model", { detail: session.viewInfo }));
+  return session.viewInfo;
+}
+
+function useTranslator() {
+  if (toy && toy.job) toy.job.close();
+  toy = null;
+  window.dispatchEvent(new CustomEvent("lab-model", { detail: null }));
 }
 
 window.glassformer = {
@@ -304,17 +520,24 @@ window.glassformer = {
   translate: withSession(translate),
   next: withSession(next),
   analyse: withSession(async (S, text) => { const e = checkSource(S, text); return { units: e.units, ids: e.ids, unknown: e.unknown }; }),
+  attribute: withSession(attributeApi),
+  train: async (opts) => train(opts),
 };
 window.glassformer.ready.catch(() => {});
 
 window.LAB_LIVE = {
   ready,
+  current,
   LiveError,
   sentence: withSession(sentence),
   patch: withSession(patch),
-  explain: withSession(explainLive),
+  attribute: withSession(attributeRun),
   trace: async (doc) => runTrace(doc),
   checkSource: withSession(async (S, text, field) => checkSource(S, text, field)),
+  // the Train view: a trainer in its own worker, the engine's tasks and defaults, opening a toy in the views
+  training: { trainer, defaults: TRAIN_DEFAULTS, tasks: TASKS, check: trainOptions, train },
+  useToy,
+  useTranslator,
   // the Exercise view: sheets, keys and checks in the page (no model needed, so not behind `ready`)
   exercises: { newSheet: newExerciseSheet, key: exerciseKey, runWith: runExerciseWithBug, check: checkExercise,
     parseTable: parseExerciseTable, bug: exerciseBug, notCovered: exerciseNotCovered },

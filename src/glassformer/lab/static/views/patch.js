@@ -1,7 +1,9 @@
-// glassformer lab, view 5 "patch" (#patch): activation or attribution patching, the share of clean→corrupt each head and position restores.
+// glassformer lab, view 5 "patch" (#patch): activation or attribution patching, the share of clean→corrupt each head and position
+// restores. Computed in the page (activation: a forward pass per cell, in chunks; attribution: one backward pass, in the
+// page's worker), or by the server for a model the page cannot run.
 "use strict";
 (function () {
-  const { S, EMBED, t, el, api, info, live, fmt, heat, showError, register } = window.LAB;
+  const { S, t, el, api, info, live, fmt, heat, showError, register } = window.LAB;
 
   S.patch = { clean: null, corrupt: null, target: null, predict: null, method: "activation", result: null, runs: 0,
               progress: null, live: false };
@@ -10,7 +12,7 @@
     const st = S.patch;
     if (st.clean !== null) return;
     await info();
-    st.live = !!(await live());                           // activation patching runs in the page when it can
+    st.live = !!(await live());                           // patching runs in the page when it can
     st.clean = S.info.default_source; st.corrupt = S.info.patch_corrupt; st.target = S.info.default_target;
     st.predict = S.info.patch_predict;
     await runPatch();
@@ -21,7 +23,7 @@
     renderPatch();
     const body = { clean: st.clean, corrupt: st.corrupt, target: st.target, predict: st.predict, method: st.method };
     try {
-      if (st.live && st.method === "activation") {
+      if (st.live) {
         const L = await live();
         st.progress = { done: 0, total: 0 };
         renderProgress();
@@ -66,8 +68,7 @@
     const fields = [["patch-clean", "clean", "30"], ["patch-corrupt", "corrupt", "30"], ["patch-target", "target", "30"],
       ["patch-predict", "predict", "8"]].map(([id, key, size]) => [key, input(id, key, size)]);
     const method = el("select", { id: "patch-method" }, ["activation", "attribution"].map((m) =>
-      el("option", { value: m, selected: st.method === m, disabled: m === "attribution" && !!EMBED },
-        t("patch.method." + m) + (m === "attribution" && EMBED ? " " + t("patch.server") : ""))));
+      el("option", { value: m, selected: st.method === m }, t("patch.method." + m))));
     method.addEventListener("change", () => { st.method = method.value; runPatch(); });
     root.append(el("div", { class: "controls" },
       fields.map(([key, node]) => el("label", { class: "group" }, el("span", { class: "label" }, t("patch." + key)), node)),
@@ -80,7 +81,7 @@
     const run = r.runs[0];
     root.append(el("p", { class: "badge " + (r.model.trained ? "trained" : "untrained") }, el("strong", {},
       `${t("sentence.model")}: ${r.model.trained ? t("trained") : t("untrained")}`), " — ", r.model.label[S.lang]));
-    if (st.live && r.method === "activation") root.append(el("p", { class: "note", id: "patch-live" }, t("live.computed")));
+    if (st.live) root.append(el("p", { class: "note", id: "patch-live" }, t("live.computed")));
     if (r.method === "attribution") root.append(el("p", { class: "note", id: "patch-approx" }, t("patch.approx.note")));
     root.append(el("p", { id: "patch-quantity" }, t("patch.quantity", { w: r.predict, i: r.row, seen: r.row_sees.join(" ") })));
     root.append(el("p", { id: "patch-probs" }, t("patch.probs", { c: fmt(run.p_clean, 4), x: fmt(run.p_corrupt, 4),
@@ -97,5 +98,6 @@
   register("patch", {
     show: async () => { if (!S.patch.result) renderPatch(); await loadPatch(); },
     render: () => { if (S.patch.clean !== null) renderPatch(); },
+    reset: () => { Object.assign(S.patch, { clean: null, corrupt: null, target: null, predict: null, result: null }); },
   });
 })();

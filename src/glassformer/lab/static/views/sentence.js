@@ -158,5 +158,6 @@
   register("sentence", {
     show: async () => { if (!S.sentence.results) renderSentence(); await loadSentence(); },
     render: () => { if (S.sentence.results) renderSentence(); },
+    reset: () => { Object.assign(S.sentence, { source: null, target: null, results: null, row: null, swapped: false }); },
   });
 })();

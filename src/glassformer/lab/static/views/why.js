@@ -2,48 +2,57 @@
 // the contrast box, the logit lens.
 "use strict";
 (function () {
-  const { S, EMBED, t, el, api, info, live, compute, fmt, heat, showError, register } = window.LAB;
+  const { S, t, el, api, info, live, busy, fmt, heat, showError, register } = window.LAB;
   const METHODS = ["integrated-gradients", "input-x-gradient", "saliency", "attention", "alti"];
   const SVG = "http://www.w3.org/2000/svg";
   const W = (S.why = {
     source: null, target: null, method: "integrated-gradients", contrast: "her", steps: "auto", tolerance: "0.01",
-    result: null, runs: 0, origin: null,
+    result: null, runs: 0, origin: null, progress: null,
   });
-  const LIVE_METHODS = ["alti"];                          // what the page computes itself (no gradient)
 
   async function show() {
     if (W.source !== null) { render(); return; }
     const lab = await info();
     W.source = lab.default_source; W.target = lab.default_target;
+    if (lab.toy) W.contrast = "";                       // a toy's symbols: no lesson contrast word
     await run();
   }
 
-  // "64" → 64, "0.01" → 0.01; anything else ("auto", a typo) goes as typed and the server names the field
+  // "64" → 64, "0.01" → 0.01; anything else ("auto", a typo) goes as typed and the engine or server names the field
   const asNumber = (v) => (/^\s*\d+(\.\d+)?([eE]-?\d+)?\s*$/.test(String(v)) ? Number(v) : String(v).trim());
 
+  // Computed in the page (the engine in a worker: gradients by its backward pass), or by the server for a model
+  // the page cannot run. attention and alti do not depend on the predicted word: the contrast is dropped for them.
   async function run() {
     render();
-    const body = { source: W.source, target: W.target.trim() ? W.target : null, method: W.method,
-      contrast: W.contrast.trim() ? W.contrast.trim() : null, steps: asNumber(W.steps), tolerance: asNumber(W.tolerance) };
+    const contrast = W.contrast.trim() && W.method !== "attention" && W.method !== "alti" ? W.contrast.trim() : null;
+    const body = { source: W.source, target: W.target.trim() ? W.target : null, method: W.method, contrast,
+      steps: asNumber(W.steps), tolerance: asNumber(W.tolerance) };
+    busy(+1);
     try {
       const L = await live();
-      if (L && LIVE_METHODS.includes(W.method)) {
-        W.result = await compute(() => L.explain(body));
+      if (L) {
+        W.progress = { done: 0, total: 0 };
+        renderProgress();
+        W.result = await L.attribute(body, (p) => { W.progress = p; renderProgress(); });
         W.origin = "live";
-      } else if (EMBED) {                                   // gradients: precomputed for the default sentence only
-        W.result = EMBED.attribution[W.method];
-        W.origin = "precomputed";
-        const d = EMBED.default;
-        if (W.source !== d.source || (W.target || "") !== d.target) { W.source = d.source; W.target = d.target; }
       } else {
         W.result = await api("POST", "/api/attribute", body);
         W.origin = "server";
       }
       showError(null);
-    } catch (err) { showError(err); return; }
+    } catch (err) { showError(err); return; } finally { W.progress = null; renderProgress(); busy(-1); }
     render();
     W.runs += 1;
     document.body.dataset.whyRuns = String(W.runs);
+  }
+
+  function renderProgress() {                    // forward–backward passes so far (the worker computes; the tab stays usable)
+    const node = document.getElementById("why-progress");
+    if (!node) return;
+    const p = W.progress;
+    node.hidden = !p;
+    node.textContent = p ? t("why.progress", { d: p.done, n: p.total || "…" }) : "";
   }
 
   function controls() {
@@ -158,11 +167,12 @@
     root.replaceChildren(el("h2", {}, t("why.heading")), el("p", { class: "intro" }, t("why.intro")));
     if (W.source === null) { root.append(el("p", { class: "note" }, t("loading"))); return; }
     root.append(controls());
+    root.append(el("p", { class: "note", id: "why-progress", hidden: !W.progress },
+      W.progress ? t("why.progress", { d: W.progress.done, n: W.progress.total || "…" }) : ""));
     const r = W.result;
     if (!r) { root.append(el("p", { class: "note" }, t("loading"))); return; }
     root.append(el("p", { class: "badge " + (r.model.trained ? "trained" : "untrained") }, el("strong", {},
       `${t("sentence.model")}: ${r.model.trained ? t("trained") : t("untrained")}`), " — ", r.model.label[S.lang]));
-    if (W.origin === "precomputed") root.append(el("p", { class: "note", id: "why-precomputed" }, t("why.precomputed")));
     if (W.origin === "live") root.append(el("p", { class: "note", id: "why-live" }, t("why.live")));
     root.append(el("p", { class: "note", id: "why-method-note" }, t("why.note." + r.method,
       { n: r.details.steps, rule: r.integration ? t("why.rule." + r.integration.rule) : "" })));
@@ -174,5 +184,6 @@
   register("why", {
     show,
     render: () => { if (W.source !== null) render(); },
+    reset: () => { W.source = null; W.target = null; W.result = null; W.contrast = "her"; },
   });
 })();
