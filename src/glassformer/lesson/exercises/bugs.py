@@ -18,7 +18,7 @@ those only code makes (a mask read the other way round, a masked row left NaN, a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -235,12 +235,7 @@ def _softmax(scaled: np.ndarray, visible: np.ndarray, axis: int) -> np.ndarray:
 
 def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float, sw: Switches = RIGHT) -> np.ndarray:
     """γ ⊙ (x − μ)/√(σ² + ε) + β, μ and σ² over the features of each row (as the switches say)."""
-    if sw.ln_over == "features":
-        axis = 1
-    elif sw.ln_over == "positions":
-        axis = 0
-    else:
-        axis = None
+    axis = {"features": 1, "positions": 0, "table": None}[sw.ln_over]
     mu = x.mean(axis=axis, keepdims=True)
     count = x.shape[1] if axis == 1 else x.shape[0] if axis == 0 else x.size
     var = ((x - mu) ** 2).sum(axis=axis, keepdims=True) / max(count - sw.ln_ddof, 1)
@@ -253,7 +248,7 @@ def sinusoidal_positions(n: int, d: int, sw: Switches = RIGHT) -> np.ndarray:
     p = np.arange(n, dtype=np.float64)[:, None]                             # (n, 1)
     j = np.arange(d)
     pair = j - j % 2                                                        # 2r for columns 2r and 2r+1
-    exponent = {"pair": pair, "column": j, "double": 2 * pair}[sw.pe_rate] / d
+    exponent = {"pair": pair, "column": j, "double": 2 * j}[sw.pe_rate] / d
     angle = p / 10000.0 ** exponent                                         # (n, d): column j's angle
     even = j % 2 == 0
     sin, cos = np.sin(angle), np.cos(angle)
@@ -276,6 +271,8 @@ def _attention_cells(sheet, sw: Switches, prefix: str, d_k: int, q_in: str, k_in
         return k @ q.T if sw.transposed_scores else q @ k.T                # (query, key)
 
     def scaled(s):
+        if s.shape != visible_.shape:                                      # K Qᵀ with n ≠ m: no broadcasting
+            raise ValueError(f"scores of shape {s.shape} against a mask of shape {visible_.shape}")
         out = s / divisor
         return out if sw.mask_after_softmax else np.where(visible_, out, -np.inf)
 
@@ -398,11 +395,3 @@ def run(sheet, sw: Switches = RIGHT, own: dict[str, np.ndarray] | None = None) -
         args = [merge(own.get(p) if own else None, values[p]) for p in cell.inputs]
         values[cell.path] = cell.fn(*args)
     return values
-
-
-def run_cell(cell: Cell, args: list[np.ndarray]) -> np.ndarray:
-    return cell.fn(*args)
-
-
-def with_switch(sw: Switches, **changes) -> Switches:
-    return replace(sw, **changes)

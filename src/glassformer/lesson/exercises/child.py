@@ -1,7 +1,7 @@
 """The process that runs a student's code: confined first, then the file, then one call per probe.
 
 The checker starts this file as a script, `python -I -B child.py ROOT FD` (ROOT holds job.json; FD is the
-pipe it answers on), or enters `serve(job, fd, fn)` in a forked copy of a notebook's kernel. Either way it
+pipe it answers on), or enters `main(job, fd, fn)` in a forked copy of a notebook's kernel. Either way it
 imports the standard library and NumPy only — never glassformer, never torch unless the student's code
 does — and sends one JSON line per event on FD:
 
@@ -13,7 +13,7 @@ does — and sends one JSON line per event on FD:
     {"event": "raised", "call": i | null, "error": {"type", "message", "lines": [{file, line, function, text}]}}
     {"event": "end"}
 
-Nothing the student's code raises leaves `serve`; a crash or a hang is seen by the checker from outside.
+Nothing the student's code raises leaves `main`; a crash or a hang is seen by the checker from outside.
 """
 
 from __future__ import annotations
@@ -40,13 +40,8 @@ _SCOPE = 1 | 2                                                          # ABI 6:
 
 
 def confine(work: str, limits: dict) -> dict:
-    """Make `work` the process's home (cwd, HOME, TMPDIR), set its resource limits, and drop the right to
-    write outside `work` where Landlock exists. Returns what was applied: {"rlimits": {...}, "landlock": abi}."""
-    os.chdir(work)
-    for name in ("HOME", "TMPDIR", "TMP", "TEMP"):
-        os.environ[name] = work
-    if "tempfile" in sys.modules:
-        sys.modules["tempfile"].tempdir = work
+    """Set the process's resource limits and drop the right to write outside `work` where Landlock exists.
+    Returns what was applied: {"rlimits": {...}, "landlock": abi}."""
     applied: dict = {"rlimits": {}, "landlock": 0}
     try:
         import resource
@@ -163,9 +158,10 @@ class _Capped(io.TextIOBase):
 # ---- the run ---------------------------------------------------------------------------------------
 
 
-def serve(job: dict, fd: int, fn=None) -> None:
-    """Confine, load the student's file (unless `fn` is given: a forked notebook's function), run every
-    call of the job, and answer on `fd`. Returns normally whatever the student's code does."""
+def main(job: dict, fd: int, fn=None) -> None:
+    """The start of the student's process (a script's, or a fork's of a notebook's kernel): its folder is its
+    cwd, HOME and TMPDIR, its output capped, its limits set; then the file is run (unless `fn` is given) and
+    every call of the job answered on `fd`. Returns normally whatever the student's code does."""
     import numpy as np
 
     def send(event: dict) -> None:
@@ -173,12 +169,18 @@ def serve(job: dict, fd: int, fn=None) -> None:
         while data:
             data = data[os.write(fd, data):]
 
+    work = job["work"]
+    os.chdir(work)
+    for name in ("HOME", "TMPDIR", "TMP", "TEMP"):
+        os.environ[name] = work
+    if "tempfile" in sys.modules:
+        sys.modules["tempfile"].tempdir = work
     sys.stdout = _Capped(1, job["limits"]["output_bytes"])
     sys.stderr = _Capped(2, job["limits"]["output_bytes"])
     sys.stdin = io.StringIO("")
     hidden = [os.path.abspath(p) for p in job.get("hide", [])] + [os.path.abspath(__file__)]
     hidden += sorted({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})
-    send({"event": "confined", "contained": confine(job["work"], job["limits"])})
+    send({"event": "confined", "contained": confine(work, job["limits"])})
     if fn is None:
         source, filename = job["source"], job["filename"]
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -279,7 +281,10 @@ def _what(value, np) -> str:
             parts.append(f"{type(v).__name__} {tuple(shape)}" if shape is not None else type(v).__name__)
         more = ", ..." if len(value) > 4 else ""
         return f"a {type(value).__name__} of {len(value)}: ({', '.join(parts)}{more})"
-    return f"a {type(value).__name__}"
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return f"one array of shape {tuple(shape)}"
+    return f"a value of type {type(value).__name__}"
 
 
 def describe(error: BaseException, hidden: list[str]) -> dict:
@@ -307,12 +312,6 @@ def describe(error: BaseException, hidden: list[str]) -> dict:
     return {"type": type(error).__name__, "message": message[:1000], "lines": lines[-10:]}
 
 
-def main(argv: list[str]) -> None:
-    root, fd = argv[1], int(argv[2])
-    with open(os.path.join(root, "job.json"), encoding="utf-8") as f:
-        job = json.load(f)
-    serve(job, fd)
-
-
 if __name__ == "__main__":
-    main(sys.argv)
+    with open(os.path.join(sys.argv[1], "job.json"), encoding="utf-8") as f:
+        main(json.load(f), int(sys.argv[2]))

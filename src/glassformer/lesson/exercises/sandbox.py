@@ -127,8 +127,7 @@ def run_function(fn, calls: list[dict], returns: int, inputs: str = "numpy") -> 
                 stream.flush()
             except (AttributeError, OSError, ValueError):
                 pass
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)           # "this process is multi-threaded"
+        with warnings.catch_warnings(record=True):                       # "this process is multi-threaded"
             pid = os.fork()
         if pid == 0:                                                      # the child: never returns
             status = 70
@@ -145,7 +144,7 @@ def run_function(fn, calls: list[dict], returns: int, inputs: str = "numpy") -> 
                     faulthandler.disable()
                 except (ImportError, RuntimeError):
                     pass
-                child.serve(job, write, fn)
+                child.main(job, write, fn)
                 status = 0
             finally:
                 os._exit(status)
