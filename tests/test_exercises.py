@@ -386,3 +386,44 @@ def test_not_a_sheet_and_absurd_sizes_are_refused(tmp_path, capsys):
     assert main(["exercise", "new", "--kind", "block", "--count", "100000", "--out", str(tmp_path / "x")]) == 2
     assert "MAX_SHEET_COUNT" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_an_empty_hand_in_is_empty_and_a_partial_one_says_what_it_left_out(tmp_path, capsys):
+    assert main(["exercise", "new", "--kind", "block", "--seed", "3", "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    from glassformer.lesson.exercises.sheet import load_sheet
+    sheet = load_sheet(str(tmp_path / "exercise.json"))
+    (tmp_path / "empty.json").write_text("{}")
+    assert main(["exercise", "check", str(tmp_path / "exercise.json"), str(tmp_path / "empty.json"), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["verdict"] == "empty" and got["filled"] == 0 and got["left_out"] == sheet.asked
+    assert main(["exercise", "check", str(tmp_path / "exercise.json"), str(tmp_path / "empty.json"),
+                 "--lang", "en"]) == 0
+    assert "empty hand-in" in capsys.readouterr().out
+    full = answers(plant(sheet), sheet.asked)
+    part = {"self_attention": full["self_attention"]}                   # the heads, the concat and W^O only
+    (tmp_path / "part.json").write_text(json.dumps(part))
+    assert main(["exercise", "check", str(tmp_path / "exercise.json"), str(tmp_path / "part.json"), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    filled = [c["path"] for c in got["cells"]]
+    assert got["verdict"] == "right" and got["filled"] == len(filled) > 0
+    assert got["left_out"] == [p for p in sheet.asked if p not in filled] and "output" in got["left_out"]
+    assert main(["exercise", "check", str(tmp_path / "exercise.json"), str(tmp_path / "part.json"),
+                 "--lang", "en"]) == 0
+    assert f"{len(got['left_out'])} of the {len(sheet.asked)} asked cells left out" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("what", ["/dev/zero", "fifo"])
+def test_answers_from_a_device_or_a_fifo_are_refused_without_reading(tmp_path, capsys, what):
+    import os
+    import subprocess
+    import sys
+    assert main(["exercise", "new", "--kind", "attention", "--seed", "1", "--out", str(tmp_path)]) == 0
+    path = what
+    if what == "fifo":
+        path = str(tmp_path / "fifo")
+        os.mkfifo(path)
+    args = ["exercise", "check", str(tmp_path / "exercise.json"), path]
+    program = f"import sys; from glassformer.cli import main; sys.exit(main({args!r}))"
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "not a regular file" in done.stderr and done.stderr.count("\n") == 1

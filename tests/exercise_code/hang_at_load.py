@@ -1,0 +1,6 @@
+while True:
+    pass
+
+
+def attention(q, k, v, mask=None):
+    return None

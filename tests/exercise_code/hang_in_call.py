@@ -1,0 +1,3 @@
+def attention(q, k, v, mask=None):
+    while True:
+        pass
