@@ -171,6 +171,25 @@ def test_each_bug_written_by_hand_is_named_on_every_seed(task, planted):
     assert all(r.failing is not None and r.failing["got"] != r.failing["expected"] for r in reports)
 
 
+SCOPED = [("encoder-block", "ln-eps-outside-sqrt@ffn"), ("encoder-block", "no-residual@self_attention"),
+          ("encoder-block", "ln-across-positions+@self_attention"), ("decoder-block", "no-scale@cross_attention"),
+          ("decoder-block", "transposed-scores@self_attention"),
+          ("decoder-block", "softmax-over-queries@cross_attention"),
+          ("decoder-block", "no-output-projection@cross_attention"),
+          ("decoder-block", "heads-concat-reversed@self_attention"), ("decoder-block", "ln-unbiased-variance@ffn"),
+          ("decoder-block", "ln-across-positions@cross_attention"), ("decoder-block", "no-residual@cross_attention")]
+
+
+@pytest.mark.parametrize("task,planted", SCOPED)
+def test_a_bug_in_one_sub_layer_of_a_block_is_named_with_its_sub_layer(task, planted):
+    """A block written without a shared helper can hold a mistake in one sub-layer alone: named, and where."""
+    bug, site = planted.split("@")
+    reports = check_source(plant(task, [planted]), task, [0, 1, 2], lang="en")
+    assert [(r.verdict, r.bugs, r.where) for r in reports] == [("wrong", [bug.rstrip("+")],
+                                                                {bug.rstrip("+"): site})] * 3
+    assert f"only in the {site.split('_')[0]}" in reports[0].message.lower()
+
+
 PAIRS = [("attention", ("no-scale", "softmax-over-queries")), ("attention", ("mask-inverted", "masked-row-not-zeroed")),
          ("attention", ("scale-after-softmax", "mask-after-softmax")), ("causal-mask", ("causal-off-by-one",
                                                                                         "mask-inverted")),

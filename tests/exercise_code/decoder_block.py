@@ -25,39 +25,44 @@ def _softmax_rows(scores, seen):
     return out
 
 
-def _attend(xq, xkv, p, seen):
+def on(bug, site):
+    """The bug is planted everywhere, or in this sub-layer alone ("no-scale@cross_attention")."""
+    return bug in BUGS or f"{bug}@{site}" in BUGS
+
+
+def _attend(xq, xkv, p, seen, site):
     outputs = []
     for h in p["heads"]:
         q, k, v = xq @ h["w_q"], xkv @ h["w_k"], xkv @ h["w_v"]
         d_k = q.shape[1]
-        scores = k @ q.T if "transposed-scores" in BUGS else q @ k.T
-        if "scale-by-d-model" in BUGS:
+        scores = k @ q.T if on("transposed-scores", site) else q @ k.T
+        if on("scale-by-d-model", site):
             scores = scores / np.sqrt(xq.shape[1])
-        elif "no-scale" not in BUGS and "scale-after-softmax" not in BUGS:
+        elif not on("no-scale", site) and not on("scale-after-softmax", site):
             scores = scores / np.sqrt(d_k)
-        if "softmax-over-queries" in BUGS:
+        if on("softmax-over-queries", site):
             weights = _softmax_rows(scores.T, seen.T).T
         else:
             weights = _softmax_rows(scores, seen)
-        if "scale-after-softmax" in BUGS:
+        if on("scale-after-softmax", site):
             weights = weights / np.sqrt(d_k)
         outputs.append(weights @ v)
-    if "heads-concat-reversed" in BUGS:
+    if on("heads-concat-reversed", site):
         outputs = outputs[::-1]
     concat = np.concatenate(outputs, axis=1)
-    return concat if "no-output-projection" in BUGS else concat @ p["w_o"]
+    return concat if on("no-output-projection", site) else concat @ p["w_o"]
 
 
-def _layer_norm(x, ln, eps):
-    if "ln-across-positions" in BUGS:
+def _layer_norm(x, ln, eps, site):
+    if on("ln-across-positions", site):
         mu, var = x.mean(), ((x - x.mean()) ** 2).mean()
-    elif "ln-across-positions+" in BUGS:
+    elif on("ln-across-positions+", site):
         mu = x.mean(axis=0, keepdims=True)
         var = ((x - mu) ** 2).mean(axis=0, keepdims=True)
     else:
         mu = x.mean(axis=1, keepdims=True)
-        var = ((x - mu) ** 2).sum(axis=1, keepdims=True) / (x.shape[1] - (1 if "ln-unbiased-variance" in BUGS else 0))
-    spread = np.sqrt(var) + eps if "ln-eps-outside-sqrt" in BUGS else np.sqrt(var + eps)
+        var = ((x - mu) ** 2).sum(axis=1, keepdims=True) / (x.shape[1] - (1 if on("ln-unbiased-variance", site) else 0))
+    spread = np.sqrt(var) + eps if on("ln-eps-outside-sqrt", site) else np.sqrt(var + eps)
     return ln["gamma"] * (x - mu) / spread + ln["beta"]
 
 
@@ -81,13 +86,17 @@ def decoder_block(y, memory, params):
     ln_1, ln_2, ln_3 = params["layer_norms"]
     eps = params["eps"]
 
-    def add(x, sub):
-        return sub if "no-residual" in BUGS else x + sub
+    def add(x, sub, site):
+        return sub if on("no-residual", site) else x + sub
 
     if "pre-norm-instead-of-post" in BUGS:
-        u = add(y, _attend(_layer_norm(y, ln_1, eps), _layer_norm(y, ln_1, eps), params["self_attention"], causal))
-        v = add(u, _attend(_layer_norm(u, ln_2, eps), memory, params["cross_attention"], everything))
-        return add(v, _ffn(_layer_norm(v, ln_3, eps), params["ffn"]))
-    u = _layer_norm(add(y, _attend(y, y, params["self_attention"], causal)), ln_1, eps)
-    v = _layer_norm(add(u, _attend(u, memory, params["cross_attention"], everything)), ln_2, eps)
-    return _layer_norm(add(v, _ffn(v, params["ffn"])), ln_3, eps)
+        normed = _layer_norm(y, ln_1, eps, "self_attention")
+        u = add(y, _attend(normed, normed, params["self_attention"], causal, "self_attention"), "self_attention")
+        v = add(u, _attend(_layer_norm(u, ln_2, eps, "cross_attention"), memory, params["cross_attention"],
+                           everything, "cross_attention"), "cross_attention")
+        return add(v, _ffn(_layer_norm(v, ln_3, eps, "ffn"), params["ffn"]), "ffn")
+    u = _layer_norm(add(y, _attend(y, y, params["self_attention"], causal, "self_attention"), "self_attention"),
+                    ln_1, eps, "self_attention")
+    v = _layer_norm(add(u, _attend(u, memory, params["cross_attention"], everything, "cross_attention"),
+                        "cross_attention"), ln_2, eps, "cross_attention")
+    return _layer_norm(add(v, _ffn(v, params["ffn"]), "ffn"), ln_3, eps, "ffn")

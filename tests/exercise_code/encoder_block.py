@@ -3,16 +3,21 @@ import numpy as np
 BUGS = set()
 
 
-def _layer_norm(x, ln, eps):
+def on(bug, site):
+    """The bug is planted everywhere, or in this sub-layer alone ("no-residual@ffn")."""
+    return bug in BUGS or f"{bug}@{site}" in BUGS
+
+
+def _layer_norm(x, ln, eps, site):
     gamma, beta = ln["gamma"], ln["beta"]
-    if "ln-across-positions" in BUGS:
+    if on("ln-across-positions", site):
         mu, var = x.mean(), x.var()
-    elif "ln-across-positions+" in BUGS:
+    elif on("ln-across-positions+", site):
         mu, var = x.mean(axis=0, keepdims=True), x.var(axis=0, keepdims=True)
     else:
         mu = x.mean(axis=1, keepdims=True)
-        var = x.var(axis=1, keepdims=True, ddof=1 if "ln-unbiased-variance" in BUGS else 0)
-    spread = np.sqrt(var) + eps if "ln-eps-outside-sqrt" in BUGS else np.sqrt(var + eps)
+        var = x.var(axis=1, keepdims=True, ddof=1 if on("ln-unbiased-variance", site) else 0)
+    spread = np.sqrt(var) + eps if on("ln-eps-outside-sqrt", site) else np.sqrt(var + eps)
     return gamma * (x - mu) / spread + beta
 
 
@@ -45,8 +50,8 @@ def _ffn(x, p):
     return hidden @ p["w_2"] + p["b_2"]
 
 
-def _add(x, sub):
-    return sub if "no-residual" in BUGS else x + sub
+def _add(x, sub, site):
+    return sub if on("no-residual", site) else x + sub
 
 
 def encoder_block(x, params, norm="post"):
@@ -57,8 +62,9 @@ def encoder_block(x, params, norm="post"):
         norm = "post"
     ln_1, ln_2 = params["layer_norms"]
     eps = params["eps"]
+    sa, ff = "self_attention", "ffn"
     if norm == "post":
-        u = _layer_norm(_add(x, _self_attention(x, params["self_attention"])), ln_1, eps)
-        return _layer_norm(_add(u, _ffn(u, params["ffn"])), ln_2, eps)
-    u = _add(x, _self_attention(_layer_norm(x, ln_1, eps), params["self_attention"]))
-    return _add(u, _ffn(_layer_norm(u, ln_2, eps), params["ffn"]))
+        u = _layer_norm(_add(x, _self_attention(x, params["self_attention"]), sa), ln_1, eps, sa)
+        return _layer_norm(_add(u, _ffn(u, params["ffn"]), ff), ln_2, eps, ff)
+    u = _add(x, _self_attention(_layer_norm(x, ln_1, eps, sa), params["self_attention"]), sa)
+    return _add(u, _ffn(_layer_norm(u, ln_2, eps, ff), params["ffn"]), ff)

@@ -18,7 +18,7 @@ those only code makes (a mask read the other way round, a masked row left NaN, a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -50,6 +50,8 @@ class Switches:
     pe_swapped: bool = False          # cos at the even columns, sin at the odd ones
     pe_layout: str = "interleaved"    # "interleaved" (2r: sin, 2r+1: cos) | "halves" (all sines, then all cosines)
     pe_rate: str = "pair"             # exponent of column j: "pair" 2r/d (j = 2r, 2r+1) | "column" j/d | "double" 2j/d
+    scope: str | None = None          # a block's sub-layer ("self_attention", "cross_attention", "ffn") whose
+                                      # attention, residual and LayerNorm alone compute so (None: all of them)
 
 
 RIGHT = Switches()
@@ -324,10 +326,6 @@ def _multi_head_cells(sheet, sw: Switches, name: str, params: dict, q_in: str, k
     return out
 
 
-def _copy(a: np.ndarray) -> np.ndarray:
-    return a.copy()
-
-
 def cells(sheet, sw: Switches = RIGHT) -> list[Cell]:
     """Every cell of the sheet's trace output in computation order, each computed as `sw` says.
 
@@ -340,44 +338,43 @@ def cells(sheet, sw: Switches = RIGHT) -> list[Cell]:
     if sheet.kind == "multi_head":
         out += _multi_head_cells(sheet, sw, "self_attention", sheet.attention, "sublayers.0.input",
                                  "sublayers.0.input", visible(sheet, sw), sheet.disabled_heads)
-        return out + [Cell("output", ("self_attention.output",), _copy)]
+        return out + [Cell("output", ("self_attention.output",), np.copy)]
 
     placement = sw.placement or sheet.norm
     ln = sheet.layer_norms
     names = ("self_attention", "cross_attention", "ffn") if sheet.kind == "decoder" else ("self_attention", "ffn")
 
-    def norm(s):
+    def norm(s, sw):
         return lambda a: layer_norm(a, ln[s]["gamma"], ln[s]["beta"], sheet.eps, sw)
-
-    def add(a, b):
-        return a + b if sw.residual else b.copy()
 
     f = sheet.ffn
     last = "sublayers.0.input"
     for s, name in enumerate(names):
+        here = sw if sw.scope in (None, name) else replace(RIGHT, placement=sw.placement)   # this sub-layer's
         inp = f"sublayers.{s}.input"
         if s:
-            out.append(Cell(inp, (last,), _copy))
+            out.append(Cell(inp, (last,), np.copy))
         if placement == "pre":
-            out.append(Cell(f"sublayers.{s}.normed", (inp,), norm(s)))
+            out.append(Cell(f"sublayers.{s}.normed", (inp,), norm(s, here)))
         sub_in = f"sublayers.{s}.normed" if placement == "pre" else inp
         if name == "self_attention":
-            out += _multi_head_cells(sheet, sw, name, sheet.attention, sub_in, sub_in, visible(sheet, sw),
+            out += _multi_head_cells(sheet, here, name, sheet.attention, sub_in, sub_in, visible(sheet, here),
                                      sheet.disabled_heads)
         elif name == "cross_attention":                      # every query reads every memory row
-            out += _multi_head_cells(sheet, sw, name, sheet.cross_attention, sub_in, None,
+            out += _multi_head_cells(sheet, here, name, sheet.cross_attention, sub_in, None,
                                      np.ones((sheet.n_queries, sheet.memory.shape[0]), dtype=bool))
         else:
-            out.append(Cell("ffn.hidden", (sub_in,),
-                            lambda a: np.maximum(a @ f["w_1"] + f["b_1"], 0.0) if sw.relu else a @ f["w_1"] + f["b_1"]))
+            out.append(Cell("ffn.hidden", (sub_in,), lambda a, relu=here.relu:
+                            np.maximum(a @ f["w_1"] + f["b_1"], 0.0) if relu else a @ f["w_1"] + f["b_1"]))
             out.append(Cell("ffn.output", ("ffn.hidden",), lambda h: h @ f["w_2"] + f["b_2"]))
-        out.append(Cell(f"sublayers.{s}.residual", (inp, f"{name}.output"), add))
+        out.append(Cell(f"sublayers.{s}.residual", (inp, f"{name}.output"),
+                        lambda a, b, residual=here.residual: a + b if residual else b.copy()))
         if placement == "post":
-            out.append(Cell(f"sublayers.{s}.normed", (f"sublayers.{s}.residual",), norm(s)))
+            out.append(Cell(f"sublayers.{s}.normed", (f"sublayers.{s}.residual",), norm(s, here)))
             last = f"sublayers.{s}.normed"
         else:
             last = f"sublayers.{s}.residual"
-    out.append(Cell("output", (last,), _copy))
+    out.append(Cell("output", (last,), np.copy))
     return out
 
 

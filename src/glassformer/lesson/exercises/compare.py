@@ -17,7 +17,7 @@ import numpy as np
 
 from . import sandbox
 from .bugs import BY_ID, RIGHT, Switches
-from .tasks import TASKS, Probe, Task, compute, probes
+from .tasks import ONE_SITE, TASKS, Probe, Task, compute, probes
 
 SHAPE = "shape"          # what a bug's computation gives on a probe whose shapes it cannot take (K Qᵀ, n ≠ m)
 
@@ -35,11 +35,17 @@ def _merge(a: Switches, b: Switches) -> Switches | None:
 
 
 def variants(task: Task) -> list[tuple[tuple[str, ...], Switches]]:
-    """(bug ids, switches): each reading of each bug of the task, then each pair of two bugs' readings
-    (pairs that set one switch two ways, or that give a single bug's switches, are left out)."""
+    """(bug ids, switches): each reading of each bug of the task (and in a block, of a bug made in one sub-layer
+    alone: "no-scale@cross_attention"), then each pair of two bugs' readings everywhere (pairs that set one
+    switch two ways, or that give a single bug's switches, are left out)."""
     order = {b: i for i, b in enumerate(BY_ID)}
     readings = [(bug_id, sw) for bug_id in sorted(task.bugs, key=order.get) for sw in BY_ID[bug_id].readings]
     singles = [((bug_id,), sw) for bug_id, sw in readings]
+    for bug_id, sw in readings:                              # in one sub-layer of a block alone: "id@sub-layer"
+        sites = [s for s in task.sublayers if ONE_SITE.get(bug_id) == "sublayer" or
+                 (ONE_SITE.get(bug_id) == "attention" and s.endswith("attention"))]
+        if len(sites) > 1:
+            singles += [((f"{bug_id}@{site}",), replace(sw, scope=site)) for site in sites]
     seen = {sw for _, sw in singles}
     pairs = []
     for i, (a, sa) in enumerate(readings):

@@ -80,10 +80,11 @@ def judge(task: Task, seed: int, run: sandbox.Run, offset: int = 0, lang: str = 
     matched = _match(task, seed, outcomes, right)
     smallest = sorted(range(len(found)), key=lambda i: (found[i].numbers(), i))
     if matched:
-        report.bugs = list(matched)
+        report.bugs = [m.split("@")[0] for m in matched]
+        report.where = {m.split("@")[0]: m.split("@")[1] for m in matched if "@" in m}
         for entry in report.probes:
             if entry["result"] != "right":
-                entry["result"] += " = " + "+".join(matched)
+                entry["result"] += " = " + "+".join(report.bugs)
         first = next(i for i in smallest if statuses[i] != "right")
         report.failing = _failing(task, found[first], right[first], outcomes[first], first)
         return fail("wrong", _bug_text(matched, w, lang))
@@ -121,9 +122,11 @@ def _match(task: Task, seed: int, outcomes: list[Outcome], right: list[tuple]) -
 
 def _bug_text(ids: tuple[str, ...], w: dict, lang: str) -> str:
     lines = [w["bug"] if len(ids) == 1 else w["pair"]]
-    for bug_id in ids:
+    for named in ids:
+        bug_id, _, site = named.partition("@")
         bug = BY_ID[bug_id]
-        lines.append(f"{bug_id}: {getattr(bug, lang)} ({w['claim']} {bug.claim})")
+        where = f" [{w['only_in'].format(site=w['sites'][site])}]" if site else ""
+        lines.append(f"{bug_id}{where}: {getattr(bug, lang)} ({w['claim']} {bug.claim})")
         if bug.source:
             lines.append(f"    {w['source']}: {bug.source}")
     return "\n".join(lines)

@@ -33,9 +33,10 @@ class CodeReport:
     notes: list[str] = field(default_factory=list)
     output: dict = field(default_factory=dict)
     contained: dict = field(default_factory=dict)
+    where: dict = field(default_factory=dict)      # bug id -> the one sub-layer of a block it sits in
 
     def as_json(self) -> dict:
-        return {"task": self.task, "seed": self.seed, "verdict": self.verdict, "bugs": self.bugs,
+        return {"task": self.task, "seed": self.seed, "verdict": self.verdict, "bugs": self.bugs, "where": self.where,
                 "message": self.message, "shape_error": self.shape_error, "shape": self.shape,
                 "probes": self.probes, "properties": self.properties, "failing": self.failing,
                 "error": self.error, "stopped": self.stopped, "notes": self.notes, "output": self.output,
@@ -64,6 +65,8 @@ WORDS = {
         "all_right": "Right on all {n} probes.",
         "bug": "The function computes what this mistake computes, on every probe:",
         "pair": "The function computes what these two mistakes together compute, on every probe:",
+        "only_in": "only in the {site} sub-layer",
+        "sites": {"self_attention": "self-attention", "cross_attention": "cross-attention", "ffn": "FFN"},
         "no_known": "Wrong, and no mistake of the library explains it; the smallest failing probe is below.",
         "claim": "lesson claim", "source": "seen in public code",
         "shape_got": "{name}: shape {got} where {expected} was expected",
@@ -114,6 +117,8 @@ WORDS = {
         "all_right": "全部 {n} 个探针都对。",
         "bug": "在每个探针上，函数算出的都是这个错误会算出的数：",
         "pair": "在每个探针上，函数算出的都是这两个错误同时出现时的数：",
+        "only_in": "只在{site}子层",
+        "sites": {"self_attention": "自注意力", "cross_attention": " cross-attention ", "ffn": " FFN "},
         "no_known": "错，错误库里没有哪个错误能解释；下面是出错的最小探针。",
         "claim": "课文论断", "source": "公开代码中的同类错误",
         "shape_got": "{name}的形状（shape）是 {got}，应为 {expected}",

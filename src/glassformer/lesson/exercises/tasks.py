@@ -36,6 +36,15 @@ class Task:
     zh: str                            # one line: what it computes
     en: str
     formula: str                       # the lesson's formula, plain text
+    sublayers: tuple[str, ...] = ()    # a block's sub-layers, where a bug may sit in one alone
+
+
+# Bugs a block can make in one sub-layer alone (its attention, or its LayerNorm and residual, written out
+# twice rather than called from one helper): each gets a reading per sub-layer besides the one everywhere.
+ONE_SITE = {"no-scale": "attention", "scale-after-softmax": "attention", "scale-by-d-model": "attention",
+            "softmax-over-queries": "attention", "transposed-scores": "attention", "no-output-projection": "attention",
+            "heads-concat-reversed": "attention", "ln-across-positions": "sublayer", "ln-unbiased-variance": "sublayer",
+            "ln-eps-outside-sqrt": "sublayer", "no-residual": "sublayer"}
 
 
 ATTENTION_BUGS = ("no-scale", "scale-after-softmax", "softmax-over-queries", "transposed-scores")
@@ -68,7 +77,7 @@ TASKS: dict[str, Task] = {t.name: t for t in (
          "encoder block：多头自注意力与 FFN，各带残差与 LayerNorm（post 或 pre）",
          "an encoder block: multi-head self-attention and the FFN, each with its residual and LayerNorm",
          "post: U = LN₁(X + MHA(X)),  Z = LN₂(U + FFN(U));   pre: U = X + MHA(LN₁(X)),  Z = U + FFN(LN₂(U));  "
-         "FFN(u) = ReLU(u W₁ + b₁) W₂ + b₂"),
+         "FFN(u) = ReLU(u W₁ + b₁) W₂ + b₂", ("self_attention", "ffn")),
     Task("decoder-block", "decoder_block", "y, memory, params", ("output",),
          ATTENTION_BUGS + HEADS_BUGS + LN_BUGS + ("mask-after-softmax", "causal-off-by-one", "mask-inverted",
                                                    "masked-row-not-zeroed", "no-residual",
@@ -76,7 +85,7 @@ TASKS: dict[str, Task] = {t.name: t for t in (
          "decoder block（post-norm）：masked 自注意力、读 memory 的 cross-attention、FFN",
          "a decoder block (post-norm): masked self-attention, cross-attention reading the memory, the FFN",
          "U = LN₁(Y + MHA_causal(Y)),  V = LN₂(U + MHA(U, memory)),  Z = LN₃(V + FFN(V))   "
-         "(cross-attention: Q from U, K and V from the memory)"),
+         "(cross-attention: Q from U, K and V from the memory)", ("self_attention", "cross_attention", "ffn")),
     Task("positions", "sinusoidal_positions", "n, d", ("table",),
          ("positions-sin-cos-swapped", "positions-halves", "positions-frequency"),
          "正弦位置表：n 个位置、d 个通道",
