@@ -248,7 +248,9 @@ def _watch(pid: int, fd: int, wait, n_calls: int) -> Run:
             _kill(pid)
             run.stop, run.cause, run.stop_call = "crashed", "garbled", current
             break
-    code = wait(2.0)                                                      # it closed the pipe: let it exit
+        if ended:                                # every call answered: what it does on its way out is not judged
+            break
+    code = wait(2.0)                                                      # let it exit, else it is killed
     if code is None:
         _kill(pid)
         code = wait(5.0)
