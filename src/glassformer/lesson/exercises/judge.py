@@ -84,7 +84,7 @@ def judge(task: Task, seed: int, run: sandbox.Run, offset: int = 0, lang: str = 
         report.where = {m.split("@")[0]: m.split("@")[1] for m in matched if "@" in m}
         for entry in report.probes:
             if entry["result"] != "right":
-                entry["result"] += " = " + "+".join(report.bugs)
+                entry["as"] = list(report.bugs)
         first = next(i for i in smallest if statuses[i] != "right")
         report.failing = _failing(task, found[first], right[first], outcomes[first], first)
         return fail("wrong", _bug_text(matched, w, lang))

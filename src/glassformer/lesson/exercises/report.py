@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import math
+import unicodedata
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -252,10 +253,9 @@ def report_text(r: CodeReport) -> str:
             lines.append(f"    {e['file']}, line {e['line']}, in {e['function']}: {e['text']}")
     lines += [f"  · {n}" for n in r.notes]
     if r.probes:
-        lines += ["", f" #  {w['result']:<28} {w['call']}"]
+        lines += ["", f" #  {_pad(w['result'], 28)} {w['call']}"]
         for p in r.probes:
-            lines.append(f"{p['index']:>2}  {w.get(p['result'].split(' ')[0], p['result']) + _tail(p['result']):<28}"
-                         f" {p['call']}")
+            lines.append(f"{p['index']:>2}  {_pad(_result(p, w), 28)} {p['call']}")
     if r.properties:
         lines += ["", w["properties"] + ":"]
         for p in r.properties:
@@ -280,8 +280,16 @@ def report_text(r: CodeReport) -> str:
     return "\n".join(lines)
 
 
-def _tail(result: str) -> str:
-    return result[len(result.split(" ")[0]):]
+def _pad(text: str, width: int) -> str:
+    """`text` padded to `width` columns, a CJK character counting two."""
+    shown = sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+    return text + " " * max(0, width - shown)
+
+
+def _result(probe: dict, w: dict) -> str:
+    """right / wrong = no-scale / shape ... in the report's language."""
+    text = w.get(probe["result"], probe["result"])
+    return text + (" = " + "+".join(probe["as"]) if probe.get("as") else "")
 
 
 def report_html(r: CodeReport) -> str:
@@ -302,7 +310,7 @@ def report_html(r: CodeReport) -> str:
         for p in r.probes:
             ok = p["result"] == "right"
             out.append(f"<tr><td>{p['index']}</td><td style=\"color:{'#1a7f37' if ok else '#cf222e'}\">"
-                       f"{e(w.get(p['result'].split(' ')[0], p['result']) + _tail(p['result']))}</td>"
+                       f"{e(_result(p, w))}</td>"
                        f"<td><code>{e(p['call'])}</code></td></tr>")
         out.append("</table>")
     if r.properties:
