@@ -6,6 +6,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import random  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -19,18 +20,28 @@ torch.set_num_threads(1)
 def _compiled_packages_stay_in_the_session(tmp_path_factory):
     """Compiled decoding steps go to a folder of this session, not the user's cache; `--compile auto` builds
     none for a long job (a build costs tens of seconds: the tests that are about compiling ask for it)."""
+    from glassformer.decoding import translator
     from glassformer.inference import compiler
 
-    saved = os.environ.get(compiler.CACHE_ENV), compiler.AUTO_MIN_SENTENCES, compiler._USER_FOLDER
+    saved = os.environ.get(compiler.CACHE_ENV), translator.AUTO_MIN_SENTENCES, compiler._USER_FOLDER
     compiler._USER_FOLDER = str(tmp_path_factory.mktemp("compiled"))      # as if the user had set the variable
     compiler.use_compile_cache()
-    compiler.AUTO_MIN_SENTENCES = 10 ** 9
+    translator.AUTO_MIN_SENTENCES = 10 ** 9
     yield
-    compiler.AUTO_MIN_SENTENCES, compiler._USER_FOLDER = saved[1:]
+    translator.AUTO_MIN_SENTENCES, compiler._USER_FOLDER = saved[1:]
     if saved[0] is None:
         os.environ.pop(compiler.CACHE_ENV, None)
     else:
         os.environ[compiler.CACHE_ENV] = saved[0]
+
+
+@pytest.fixture(scope="session")
+def shared_packages(_compiled_packages_stay_in_the_session) -> Path:
+    """The session's one folder of compiled packages (`compiler.cache_folder()`): a package is named by what it
+    computes, so tests that need the same one (a model, a search, a thread count) build it once and share it."""
+    from glassformer.inference import compiler
+
+    return compiler.cache_folder()
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from glassformer.decoding.search import SENTENCE_BUCKETS, BeamSearch, Greedy, bucket, generate, step
+from glassformer.decoding import translator
+from glassformer.decoding.search import SENTENCE_BUCKETS, BeamSearch, Greedy, bucket, generate, step, steps
 from glassformer.inference import compiler, prepare
 from glassformer.inference.compiler import CompiledDecoder, unsupported
 from glassformer.inference.precision import with_precision
@@ -144,16 +145,43 @@ def test_models_the_compiled_step_does_not_run_are_named():
 def test_compile_mode(monkeypatch):
     asked = []
     monkeypatch.setattr(compiler, "cxx_compiler", lambda: None)
-    assert compiler.compile_mode("off", 10 ** 6) == (False, None)
-    assert compiler.compile_mode("auto", 10 ** 6, lambda: asked.append(1)) == (False, None)   # nothing said
-    on, note = compiler.compile_mode("on", 1)
-    assert not on and "no C++ compiler" in note and asked == []                 # no compiler: nothing hashed
+    assert translator.compile_mode("off", 10 ** 6) == ("", None)
+    assert translator.compile_mode("auto", 10 ** 6, lambda: asked.append(1)) == ("", None)   # nothing said
+    mode, note = translator.compile_mode("on", 1)
+    assert not mode and "no C++ compiler" in note and asked == []                # no compiler: nothing hashed
     monkeypatch.setattr(compiler, "cxx_compiler", lambda: "/usr/bin/g++")
-    monkeypatch.setattr(compiler, "AUTO_MIN_SENTENCES", 100)
-    assert compiler.compile_mode("auto", 100)[0] is False                      # a short job: eager
-    assert compiler.compile_mode("auto", 101)[0] is True
-    assert compiler.compile_mode("auto", 1, lambda: True)[0] is True           # built before: loading is cheap
-    assert compiler.compile_mode("on", 1)[0] is True
+    monkeypatch.setattr(translator, "AUTO_MIN_SENTENCES", 100)
+    assert translator.compile_mode("auto", 100) == ("", None)                      # a short job, nothing built: eager
+    assert translator.compile_mode("auto", 100, lambda: True) == ("load", None)   # built before: those, no build
+    assert translator.compile_mode("auto", 101, lambda: pytest.fail("asked")) == ("build", None)   # a long job
+    assert translator.compile_mode("on", 1, lambda: pytest.fail("asked")) == ("build", None)
+
+
+def test_auto_loads_the_packages_built_before_and_decodes_the_other_shapes_eagerly(monkeypatch, tmp_path):
+    """--compile auto on a short job ("load", `build` False): a part whose package was built before is loaded; one
+    that was not is neither traced nor built but runs eagerly after one note naming it (greedy's block: a step a
+    call, without a note); the eager model's ids. `built` finds a step built for a few rows or for a batch."""
+    monkeypatch.setattr(torch.export, "export", lambda *a, **k: pytest.fail("traced"))
+    monkeypatch.setattr(compiler, "prepacks", lambda *a: True)
+    model, src, search = tiny(), sources(batch=3), Greedy(scores=False)
+    notes: list[str] = []
+    decoder = CompiledDecoder(model, step, tmp_path, notes.append, threads=1, steps=steps)
+    decoder.build, there, loaded = False, {"source-few"}, []                 # as if built before
+    monkeypatch.setattr(decoder, "_found", lambda kind, search: tmp_path / f"{kind}.pt2" if kind in there else None)
+    source = compiler.Source(decoder.fast)
+    monkeypatch.setattr(compiler, "_load", lambda path, packs: loaded.append(path.stem) or (lambda f: source(*f)))
+    assert not decoder.built(search)
+    got = generate(model, src, search, max_len=12, compiled=decoder)
+    assert [h[0].tokens for h in got] == [h[0].tokens for h in generate(model, src, search, max_len=12)]
+    assert loaded == ["source-few"] and len(notes) == 1, notes
+    assert notes[0].startswith("--compile auto: the step for beam 1 (a few rows) not built") and "eagerly" in notes[0]
+    assert decoder.k[("greedy", 4)] == 1                                     # its block not built: a step a call
+    fresh = CompiledDecoder(model, step, tmp_path, threads=1, steps=steps)
+    monkeypatch.setattr(fresh, "_found", lambda kind, search: tmp_path / f"{kind}.pt2" if kind in there else None)
+    there.add("greedy-few-k8")
+    assert fresh.built(search) and not fresh.built(Greedy()) and not fresh.built(BeamSearch(2))
+    there.add("beam2")
+    assert fresh.built(BeamSearch(2))
 
 
 def test_cache_folder(monkeypatch, tmp_path):
@@ -238,19 +266,13 @@ def test_a_comment_edit_or_a_moved_file_keeps_the_name_and_a_weight_change_does_
     assert _traced_name(model) != name
 
 
-@pytest.fixture(scope="module")
-def package_folder(tmp_path_factory):
-    """One cache folder for this module's packages (each build costs tens of seconds on 2 cores)."""
-    return tmp_path_factory.mktemp("packages")
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_CXX, reason="needs a C++ compiler")
-def test_compiled_packages_give_the_models_tokens_and_a_second_decoder_builds_nothing(package_folder):
-    """Packages of the source side, greedy and a beam-2 step built for two threads: the model's tokens and
-    scores for a batch whose sentences end at different steps, each as alone, and a batch of one; a second
-    decoder of the same model finds them without a trace and builds nothing."""
-    model = eos_likely()
+def test_compiled_packages_give_the_models_tokens_and_a_second_decoder_builds_nothing(shared_packages):
+    """Packages of the source side, greedy and a beam-2 step built for two threads (in the session's folder, or found
+    there): the model's tokens and scores for a batch whose sentences end at different steps, each as alone, and a
+    batch of one; a second decoder of the same model finds them without a trace and builds nothing."""
+    model, package_folder = eos_likely(), shared_packages
     notes: list[str] = []
     decoder = CompiledDecoder(model, step, package_folder, notes.append, threads=2)
     for search in (Greedy(), BeamSearch(2)):
@@ -262,9 +284,12 @@ def test_compiled_packages_give_the_models_tokens_and_a_second_decoder_builds_no
         one = sources(batch=1)
         _same(generate(model, one, search, max_len=20, compiled=decoder), generate(model, one, search, max_len=20))
     # the source side for many sentences and for a few (the batch of one), greedy's step for many rows and for a
-    # few (its batch shrinks to 4, 2, 1 live), beam 2's
-    assert sum("building" in n for n in notes) == 5 and not any("failed" in n for n in notes), notes
-    assert sorted(p.suffix for p in package_folder.glob("packages/*")) == [".name"] * 5 + [".pt2"] * 5
+    # few (its batch shrinks to 4, 2, 1 live), beam 2's: each a whole package and its recipe's note
+    names = [p for p in decoder.parts if isinstance(p, str)]
+    assert len(names) == 5 and {"source", "source-few", "beam1-few", "beam2"} <= set(names), names
+    assert not any("failed" in n for n in notes) and sum("building" in n for n in notes) <= 5, notes
+    searches = {"source": None, "beam1": Greedy(), "beam2": BeamSearch(2)}
+    assert all(decoder._found(name, searches[name.split("-")[0]]) for name in names)   # each named by its note
     assert not list(package_folder.glob("packages/.*"))                      # no partial file left
     again: list[str] = []
     second = CompiledDecoder(model, step, package_folder, again.append, threads=2)
@@ -285,13 +310,13 @@ def test_compiled_packages_give_the_models_tokens_and_a_second_decoder_builds_no
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_CXX or not MKL, reason="needs a C++ compiler and torch with MKL")
 def test_greedys_many_row_steps_take_mkl_packs_handed_in_at_load_one_package_per_row_count(monkeypatch,
-                                                                                         package_folder):
+                                                                                         shared_packages):
     """Where MKL is the products' route, greedy's steps of 16 and of 8 rows each get a package traced for that row
     count, its products on MKL's packs, and a batch's rows stay on the 8-row one (`fewest`) to its end: the model's
     tokens, each sentence's as alone; the packages hold stand-ins (a pack holds its own address), a second decoder's
     own packs run them without a build, and a load without them is refused (a stand-in would not run)."""
     monkeypatch.setattr(compiler, "prepacks", lambda *a: False)
-    model, search, src = eos_likely(), Greedy(scores=False), sources(batch=9)
+    model, search, src, package_folder = eos_likely(), Greedy(scores=False), sources(batch=9), shared_packages
     expected = [h[0].tokens for h in generate(model, src, search, max_len=20)]
     assert len(set(map(len, expected))) >= 3 and expected == [h[0].tokens for h in _alone(model, src, search,
                                                                                           max_len=20)]
@@ -301,7 +326,7 @@ def test_greedys_many_row_steps_take_mkl_packs_handed_in_at_load_one_package_per
     assert {"greedy-16", "greedy-8"} <= set(decoder.parts) and "greedy" not in decoder.parts, notes
     assert decoder.fewest == {search.kind: 8} and "greedy-few" not in decoder.parts   # stays on the 8-row package
     for rows in (16, 8):
-        path = next(package_folder.glob(f"packages/greedy-{rows}-*.pt2"))
+        path = next(package_folder.glob(f"packages/greedy-{rows}-[!k]*.pt2"))   # one step a call
         loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
         packed = [n for n in loader.get_constant_fqns() if n.endswith(".mkl")]
         assert len(packed) == 6 * model.cfg.decoder_layers + 1                 # 6 products a layer, the head
@@ -382,12 +407,17 @@ def test_a_build_that_fails_or_is_interrupted_leaves_nothing_and_decodes_eagerly
         raise RuntimeError("the C++ compiler exited with status 1\nmore detail")
 
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", broken)
-    model, src = tiny(d_ff=80), sources()
+    model, src, search = tiny(d_ff=80), sources(), Greedy(scores=False)
     notes: list[str] = []
-    out = generate(model, src, Greedy(), max_len=9, compiled=CompiledDecoder(model, step, tmp_path, notes.append))
-    _same(out, generate(model, src, Greedy(), max_len=9))
-    failed = [n for n in notes if "failed" in n]
-    assert len(failed) == 2 and "status 1" in failed[0] and "more detail" not in failed[0]   # source, step
+    decoder = CompiledDecoder(model, step, tmp_path, notes.append, steps=steps)
+    decoder.per_call = {"few": 2, "many": 2}                                 # greedy's block: 2 steps a call
+    out = generate(model, src, search, max_len=9, compiled=decoder)
+    assert [h[0].tokens for h in out] == [h[0].tokens for h in generate(model, src, search, max_len=9)]
+    failed = [n for n in notes if "failed" in n]                             # the source side, the block, the step
+    assert len(failed) == 3 and all("status 1" in n and "more detail" not in n for n in failed), notes
+    assert "2 steps for beam 1" in failed[1] and failed[1].endswith("; one step a call")   # then the step's
+    assert failed[2].startswith("compiling the step for beam 1") and failed[2].endswith("; decoding eagerly")
+    assert set(decoder.k.values()) == {1}
     measured = list(tmp_path.rglob("products-*.json"))                   # a fact about the CPU, not a build's
     assert [p for p in tmp_path.rglob("*.*") if p not in measured] == []
 

@@ -31,13 +31,14 @@ def _add_decoding(parser: argparse.ArgumentParser, beam: int = 1) -> None:
                         help="most tokens generated per sentence, EOS included (default 2 x source length + 10; "
                              "at most the model's max_len)")
     add_dtype_argument(parser)                                               # --dtype float32|bfloat16|int8
-    from ..inference.compiler import AUTO_MIN_SENTENCES
+    from .translator import AUTO_MIN_SENTENCES
 
     parser.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
-                        help="run the float32 decoding step compiled ahead of time (needs a C++ compiler; built "
-                             "once per model and beam size, about a minute, then loaded from the cache): auto "
-                             f"(default) = when a compiler is found and the step is built, or for jobs over "
-                             f"{AUTO_MIN_SENTENCES} sentences; off = eager; the same tokens")
+                        help="run the decoding step compiled ahead of time (needs a C++ compiler; built once per "
+                             "model, beam size and batch shape, about a minute each, then loaded from the cache): "
+                             "auto (default) = the packages built before, the shapes without one eagerly (jobs over "
+                             f"{AUTO_MIN_SENTENCES} sentences build them); on = build what the job needs; off = "
+                             "eager; the same tokens")
     parser.add_argument("--workers", type=positive, default=1, metavar="N",
                         help="decode a job's batches in N processes at once, one thread each (at most the usable "
                              "cores; default 1): faster for long jobs on several cores, a few seconds to start")

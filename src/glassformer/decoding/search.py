@@ -25,7 +25,8 @@ The rules:
 
 One step costs the loop one look at the host: `Advance.events`, true when a hypothesis finished or a
 sentence is done. Everything else stays in tensors, so one function, `step` (the model's `decode_step`,
-then `Search.advance`), runs as it is or compiled into one graph (inference/compiler.py).
+then `Search.advance`), runs as it is or compiled into one graph (inference/compiler.py). Compiled greedy
+without scores runs `steps`, k of them in one graph: one look (the live count) a block of k.
 """
 
 from __future__ import annotations
@@ -137,7 +138,8 @@ class Search:
         if C == 1:                                                          # greedy: one candidate; it stays or ends
             ended = ends & valid & live[:, None]                            # the sentence (it has no other beam)
             new_scores = torch.where(stays, best, -math.inf)                # (slots, 1)
-            new, rows = tokens.reshape(-1), torch.arange(n, device=best.device)
+            new = torch.where(live, tokens[:, 0], pad)                      # after a sentence's end: PAD
+            rows = torch.arange(n, device=best.device)
             history = history.index_copy(1, (length - 1).view(1), new[:, None])
             bound = new_scores[:, 0]                                        # while live, nothing finished to beat
             done = live & ~stays[:, 0]
@@ -246,6 +248,23 @@ def step(model, search: Search, cache, memory: Tensor | None, src_pad: Tensor, s
     return out
 
 
+def steps(model, search: Search, cache, memory: Tensor | None, src_pad: Tensor, slots: tuple, length: Tensor,
+          alpha: Tensor, k: int) -> tuple:
+    """Greedy's `step` k times in one function (a compiled block, inference/compiler.py), the first making `length`
+    (0-dim) tokens: each step's tokens are the next one's input, a sentence that ended is no longer live (its row
+    writes PAD from then on), the cache's position moves on a step at a time (held at the model's last once every
+    sentence has ended: no row reads it). The slots' tokens, scores, live and history after the k steps, and the
+    live count (0-dim): the one value the loop reads a block."""
+    tokens, scores, limits, live, worst, history = slots
+    first = cache.position
+    for i in range(k):
+        cache.position = torch.clamp(first + i, max=model.cfg.max_len - 1)
+        slots = (tokens, scores, limits, live, worst, history)
+        tokens, _, scores, history, *_, done, _ = step(model, search, cache, memory, src_pad, slots, length + i, alpha)
+        live = live & ~done                                                 # (slots,)
+    return tokens, scores, live, history, live.sum()
+
+
 class _Run:
     """One batch: K beams per sentence, the live sentences padded up to a bucket (a finished sentence's rows
     stay, dead, until the live ones fit a smaller bucket), the source encoded once, then `step` after
@@ -276,6 +295,15 @@ class _Run:
         at = torch.tensor(length, device=slots.tokens.device)
         return step(self.model, self.search, self.cache, self.memory, self.src_pad, slots, at, alpha)
 
+    def steps_per_call(self, rows: int) -> int:
+        """k: the steps a call makes at `rows` rows (a compiled greedy block, `steps`), else 1."""
+        return 1 if self.compiled is None else self.compiled.steps_per_call(self.search, rows)
+
+    def block(self, slots: Slots, length: int, alpha: Tensor, k: int) -> tuple | None:
+        """`steps`' k steps, the first making `length` tokens, compiled: tokens, scores, live, history and the live
+        count; None when the block cannot be built (one note; then a step per call)."""
+        return self.compiled.step(self.cache, self.search, slots, length, alpha, self.src_pad, k)
+
     def keep(self, rows: Tensor) -> None:
         """Keep rows `rows` (finished sentences left): the cache, the encoder output and its padding."""
         self.cache.reorder(rows)
@@ -283,8 +311,9 @@ class _Run:
         self.memory = None if self.memory is None else self.memory[rows]
 
 
-def _initial(sentences: int, n_slots: int, K: int, limits: Tensor, bos: int, device) -> Slots:
-    """Slots for `sentences` sentences (their `limits`) padded to `n_slots`: one live beam each (score 0)."""
+def _initial(sentences: int, n_slots: int, K: int, limits: Tensor, bos: int, device, ahead: int = 0) -> Slots:
+    """Slots for `sentences` sentences (their `limits`) padded to `n_slots`: one live beam each (score 0); `ahead`
+    history columns past the longest limit (a block's steps after every sentence ended)."""
     live = torch.arange(n_slots, device=device) < sentences
     scores = torch.full((n_slots, K), -math.inf, dtype=torch.float64, device=device)
     scores[:sentences, 0] = 0.0
@@ -292,7 +321,17 @@ def _initial(sentences: int, n_slots: int, K: int, limits: Tensor, bos: int, dev
     return Slots(tokens=torch.full((n_slots * K,), bos, dtype=torch.long, device=device), scores=scores,
                  limits=padded.to(device), live=live,
                  worst=torch.full((n_slots,), -math.inf, dtype=torch.float64, device=device),
-                 history=torch.zeros(n_slots * K, int(limits.max()), dtype=torch.long, device=device))
+                 history=torch.zeros(n_slots * K, int(limits.max()) + ahead, dtype=torch.long, device=device))
+
+
+def _harvest(ended: Tensor, history: Tensor, limits: Tensor, sentence: list[int], finished: list[_Finished],
+             eos: int) -> None:
+    """After a block (greedy without scores), the hypotheses of the slots `ended` (bool, (slots,)) read from their
+    history: the ids before the first EOS (finished), else all `limit` of them (cut at the limit)."""
+    slots = ended.nonzero()[:, 0].tolist()
+    for slot, ids, limit in zip(slots, history[slots].tolist(), limits[slots].tolist(), strict=True):
+        end = ids.index(eos) if eos in ids[:limit] else limit
+        finished[sentence[slot]].add(Hypothesis(ids[:end], math.nan, math.nan, finished=end < limit))
 
 
 def _finish(advance: Advance, slots: Slots, length: int, sentence: list[int], finished: list[_Finished],
@@ -359,21 +398,36 @@ def generate(model, src: Tensor, search: Search, src_pad: Tensor | None = None,
         return []
     run = _Run(model, src, src_pad, search, compiled)
     n_slots = run.capacity(n)
-    slots = _initial(n, n_slots, K, limits, cfg.bos_id, src.device)
+    ahead = 0 if compiled is None else max(compiled.per_call.values()) - 1   # a block's steps past the longest limit
+    slots = _initial(n, n_slots, K, limits, cfg.bos_id, src.device, ahead)
     sentence = list(range(n)) + [-1] * (n_slots - n)                         # slot -> sentence (-1: padding)
     finished = [_Finished(n_best) for _ in range(n)]
     alpha_t = torch.tensor(alpha, dtype=torch.float64, device=src.device)
-    length = 0
+    length, alive = 0, n
     while True:
-        length += 1                                                          # tokens generated after this step
-        advance = Advance(*run.step(slots, length, alpha_t))
-        if not advance.events.item():                                        # nothing ended: the beams go on
-            slots = Slots(advance.tokens, advance.scores, slots.limits, slots.live, slots.worst, advance.history)
-            continue
-        worst, done = _finish(advance, slots, length, sentence, finished, cfg.eos_id, alpha, stop, search.scores)
-        live = slots.live & ~done
-        slots = Slots(advance.tokens, advance.scores, slots.limits, live, worst, advance.history)
-        alive = int(live.sum())
+        k = run.steps_per_call(len(sentence))
+        if k > 1:                                                            # a block: k steps, one look
+            block = run.block(slots, length + 1, alpha_t, k)
+            if block is None:                                                # not built: a step per call
+                continue
+            length += k
+            tokens, scores, live, history, count = block
+            if int(count) == alive:                                          # no sentence ended in the block
+                slots = Slots(tokens, scores, slots.limits, live, slots.worst, history)
+                continue
+            _harvest(slots.live & ~live, history, slots.limits, sentence, finished, cfg.eos_id)
+            slots, alive = Slots(tokens, scores, slots.limits, live, slots.worst, history), int(count)
+        else:
+            length += 1                                                      # tokens generated after this step
+            advance = Advance(*run.step(slots, length, alpha_t))
+            if not advance.events.item():                                    # nothing ended: the beams go on
+                slots = Slots(advance.tokens, advance.scores, slots.limits, slots.live, slots.worst,
+                              advance.history)
+                continue
+            worst, done = _finish(advance, slots, length, sentence, finished, cfg.eos_id, alpha, stop, search.scores)
+            live = slots.live & ~done
+            slots = Slots(advance.tokens, advance.scores, slots.limits, live, worst, advance.history)
+            alive = int(live.sum())
         if alive == 0:
             break
         capacity = run.capacity(alive)

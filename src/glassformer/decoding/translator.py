@@ -10,20 +10,39 @@ import torch
 from ..data.batching import padded
 from ..data.tokenize import SourceEncoding, SourceTokenizer, TargetTokenizer
 from ..errors import UsageError
-from ..inference import prepare
-from ..inference.compiler import CompiledDecoder, cache_folder, compile_mode, unsupported
+from ..inference import compiler, prepare
+from ..inference.compiler import CompiledDecoder, cache_folder, unsupported
 from ..inference.precision import precision_of, with_precision
 from ..model import Transformer
 from ..threads import usable_cores
-from .search import DEFAULT_ALPHA, DEFAULT_STOP, generate, step, strategy
+from .search import DEFAULT_ALPHA, DEFAULT_STOP, generate, step, steps, strategy
+
+COMPILE_MODES = ("auto", "on", "off")
+AUTO_MIN_SENTENCES = 20_000    # auto builds for jobs that win a build back (~45 s: ~19,000 sentences at beam 4)
+
+
+def compile_mode(requested: str, sentences: int, built: Callable[[], bool] = lambda: False) -> tuple[str, str | None]:
+    """How a job decodes: "build" (compiled, the packages it needs built where missing), "load" (the packages built
+    before, the other shapes eagerly) or "" (eagerly), and a one-line note when `on` was asked for but cannot be.
+    auto, with a C++ compiler: "build" for more than AUTO_MIN_SENTENCES sentences, else "load" when a step of its
+    search was `built()` before (asked last: it hashes the weights), else eager: a short job never waits for a build."""
+    if requested not in COMPILE_MODES:
+        raise ValueError(f"compile mode must be one of {COMPILE_MODES}, got {requested!r}")
+    if requested == "off":
+        return "", None
+    if compiler.cxx_compiler() is None:
+        note = "--compile on: no C++ compiler found (g++, clang++ or $CXX); decoding eagerly"
+        return "", note if requested == "on" else None
+    return "build" if requested == "on" or sentences > AUTO_MIN_SENTENCES else "load" if built() else "", None
 
 
 class Translator:
     """Chinese text in, English text out: segmentation, length checks, batched decoding, detokenization.
 
     compile: "off" (the model's own decode_step, eagerly, on `prepare(model)`), "on" or "auto" (the same
-    step compiled ahead of time for a float32 Transformer on the CPU, inference/compiler.py; auto: for jobs
-    of more than AUTO_MIN_SENTENCES sentences when a C++ compiler is found); packages are kept under
+    step compiled ahead of time for a float32 Transformer on the CPU, inference/compiler.py, greedy k steps a
+    call; auto, when a C++ compiler is found: built for jobs of more than AUTO_MIN_SENTENCES sentences, else the
+    packages built before, the shapes without one decoded eagerly); packages are kept under
     `compile_cache` (default: inference.compiler.cache_folder). `notes` hears one-line remarks (the CLI:
     stderr). `precision`: "float32" (the model), or "bfloat16" / "int8", decoding on a copy of the model made
     once (`decoding_model`, inference/precision.py; both also compile). The thread count is the caller's (set
@@ -166,19 +185,22 @@ class Translator:
         the model as it is (a bfloat16 / int8 copy)."""
         model = self.decoding_model()
         if self.compile != "off" and self.device.type == "cpu" and unsupported(model) is None:
-            on, note = compile_mode(self.compile, sentences, lambda: self._packages().built(search))
+            mode, note = compile_mode(self.compile, sentences, lambda: self._packages(build=False).built(search))
             if note:
                 self._note(note)
-            if on:
-                return model, self._packages()
+            if mode:
+                return model, self._packages(build=mode == "build")
         fast = isinstance(model, Transformer) and precision_of(model) == "float32"
         return (prepare(model) if fast else model), None
 
-    def _packages(self) -> CompiledDecoder:
+    def _packages(self, build: bool = True) -> CompiledDecoder:
+        """The model's packages: built where missing, or (`build` False: --compile auto on a short job) only those
+        built before, the other shapes decoded eagerly; greedy in blocks of k steps a call (search.py `steps`)."""
         model = self.decoding_model()
-        if self._compiled is None or self._compiled.model is not model:
+        if self._compiled is None or self._compiled.model is not model or self._compiled.build != build:
             self._compiled = CompiledDecoder(model, step, cache_folder(self.compile_cache), self._note,
-                                             self.threads or usable_cores())
+                                             self.threads or usable_cores(), steps=steps)
+            self._compiled.build = build
         return self._compiled
 
     def _note(self, line: str) -> None:

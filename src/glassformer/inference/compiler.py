@@ -1,18 +1,18 @@
-"""The model's own decoding step, compiled ahead of time (docs/performance.md): `--compile auto|on|off`, the C++
-compiler it needs, the build, the package's name and the folder packages are kept in.
+"""The model's own decoding step, compiled ahead of time (docs/performance.md): the C++ compiler it needs, the build
+(or, `build` False, only the packages built before), the package's name and the folder packages are kept in.
 
-    decoder = CompiledDecoder(model, step, cache_folder(None), notes=print)   # step: decoding/search.py's
+    decoder = CompiledDecoder(model, step, cache_folder(None), notes=print, steps=steps)   # decoding/search.py's
     generate(model, src, BeamSearch(4), compiled=decoder)
 
 `torch.export` traces, AOTInductor builds: `Source` (the encoder, each layer's `project_kv`), `Step` (search.py's
-`step` over `prepare(model, onednn=False, path="glass", transposed=True)`) per beam, both also for at most FEW_ROWS
-rows; a bfloat16 or int8 copy's products on inductor's GEMMs (AMX / VNNI where the CPU has them). Packages are
-named by what they compute, written whole or not at all; one that fails to build or load: a note, then eager.
-"""
+`step`, or greedy's k `steps` in one call, over `prepare(model, onednn=False, path="glass", transposed=True)`) per
+beam, both also for at most FEW_ROWS rows; a bfloat16 or int8 copy's products on inductor's GEMMs. Packages are named
+by what they compute, written whole or not at all; one that fails to build or load: a note, then eager."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import json
@@ -33,14 +33,13 @@ from ..paths import write_whole
 from .precision import cpu_precision_support, precision_of
 from .prepare import MKL, ONEDNN, packs_left_out, prepare
 
-COMPILE_MODES = ("auto", "on", "off")
-AUTO_MIN_SENTENCES = 20_000    # auto builds for jobs that win a build back (~45 s: ~19,000 sentences at beam 4)
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 PACKAGES = "packages"          # below the cache folder: the .pt2 packages
 MAX_LEN = 512                  # longer max_len: decoded eagerly
 WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}   # compiled: weights
 MAX_ROWS, FEW_ROWS = 1 << 14, 4   # rows a package accepts (sentences x beam); a "-few" package: at most 4
 PACKED_ROWS = (8, 16, 32, 64)     # greedy's many-row steps on MKL's packs: a package for each of these row counts
+STEPS = {"few": 8, "many": 4}     # greedy's steps a call (a block, search.py `steps`) at a few rows / many: measured
 TYPICAL = {"slots": 32, "source": 12, "positions": 47, "limit": 34}   # a batch's sizes: a many-row step's build
 FROZEN = {"freezing": True}     # weights frozen: products on oneDNN's blocked copy (MKL where faster: `prepacks`)
 UNFROZEN = {"freezing": False}  # weights as the graph's parameters: every product an MKL addmm, nothing packed
@@ -53,20 +52,6 @@ def cxx_compiler() -> str | None:
     """The C++ compiler inductor would use ($CXX, else c++ / g++ / clang++ on PATH), or None."""
     names = ([os.environ["CXX"]] if os.environ.get("CXX") else []) + ["c++", "g++", "clang++"]
     return next(filter(None, map(shutil.which, names)), None)
-
-
-def compile_mode(requested: str, sentences: int, built: Callable[[], bool] = lambda: False) -> tuple[bool, str | None]:
-    """Whether to compile the decoding step, and a one-line note when `on` was asked for but cannot be.
-    auto: on when a C++ compiler is found and the job has more than AUTO_MIN_SENTENCES sentences or its
-    packages are `built()` (asked last: it hashes the weights)."""
-    if requested not in COMPILE_MODES:
-        raise ValueError(f"compile mode must be one of {COMPILE_MODES}, got {requested!r}")
-    if requested == "off":
-        return False, None
-    if cxx_compiler() is None:
-        note = "--compile on: no C++ compiler found (g++, clang++ or $CXX); decoding eagerly"
-        return False, note if requested == "on" else None
-    return requested == "on" or sentences > AUTO_MIN_SENTENCES or built(), None
 
 
 def cache_folder(folder: str | os.PathLike | None = None) -> Path:
@@ -123,18 +108,19 @@ class Step(nn.Module):
         cache = KVCache(position=pos, k=dict(zip(self.selfs, self_k, strict=True)),
                         v=dict(zip(self.selfs, self_v, strict=True)),
                         cross={a: kv for a, *kv in zip(self.crosses, cross_k, cross_v, strict=True)})
-        slots = (tokens, scores, limits, live, worst, history)
-        out = self.step(self.model, self.search, cache, None, src_pad, slots, pos + 1, alpha)
+        out = self.step(self.model, self.search, cache, None, src_pad, (tokens, scores, limits, live, worst, history),
+                        pos + 1, alpha)
         return (*out, *cache.k.values(), *cache.v.values())
 
 
 class CompiledDecoder:
-    """One model's packages, built or loaded on first use (else, after a note, run eagerly). `threads`: a step's
-    loops are made for them, a build per count; the many-row source side's for one (docs/performance.md)."""
+    """One model's packages, built (`build` False: only found) or loaded on first use, else after a note run eagerly.
+    `threads`: a step's loops are made for them, a build per count; the many-row source side's for one."""
 
     def __init__(self, model: Transformer, step: Callable, folder: Path, notes: Callable[[str], None] | None = None,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, steps: Callable | None = None) -> None:
         self.model, self.step_fn, self.folder, self.notes = model, step, folder, notes or (lambda line: None)
+        self.steps_fn, self.per_call, self.k, self.build = steps, STEPS, {}, True   # k: (search kind, rows) -> k
         # traced: W^T products, attention written out (inductor fuses it; SDPA stays an extern call per layer)
         self.fast = prepare(model, onednn=False, path="glass", direct=False, transposed=True)
         for embed in [e for e in (self.fast.src_embed, self.fast.tgt_embed) if e.sinusoidal]:   # before tracing
@@ -153,59 +139,75 @@ class CompiledDecoder:
         layers = [layer.cross_attention for layer in self.fast.decoder.layers]
         cache.cross = {a: (k, v) for a, k, v in zip(layers, out[:len(layers)], out[len(layers):], strict=True)}
 
-    def step(self, cache: KVCache, search, slots: tuple, length: int, alpha: Tensor, src_pad: Tensor) -> tuple:
-        """The step that makes `length` tokens: the fields of an `Advance`; the cache takes the new buffers."""
+    def step(self, cache: KVCache, search, slots: tuple, length: int, alpha: Tensor, src_pad: Tensor,
+             k: int = 1) -> tuple | None:
+        """The step making `length` tokens: an `Advance`'s fields; k > 1: `steps`' k from it (None when its package
+        cannot be had: a step a call from then on). The cache takes the new buffers."""
         if not cache.k:                                                      # the first step: zeroed buffers
-            k = next(iter(cache.cross.values()))[0]
+            kv = next(iter(cache.cross.values()))[0]
             for a in self.selfs:
-                cache.k[a] = k.new_zeros(k.size(0), a.heads, cache.capacity, a.d_k)
-                cache.v[a] = k.new_zeros(k.size(0), a.heads, cache.capacity, a.d_v)
-        elif cache.length >= cache.k[self.selfs[0]].size(2):                 # full (every buffer alike): grow
-            cache.reserve(1)
+                cache.k[a] = kv.new_zeros(kv.size(0), a.heads, cache.capacity, a.d_k)
+                cache.v[a] = kv.new_zeros(kv.size(0), a.heads, cache.capacity, a.d_v)
+        end = min(cache.length + k, self.model.cfg.max_len)                # positions written (past it: held)
+        if end > cache.k[self.selfs[0]].size(2):                            # full (every buffer alike): grow
+            cache.reserve(end - cache.length)
         cross = cache.cross.values()                                         # inputs in Step.forward's order
         inputs = [*slots, self.positions[length - 1], alpha, src_pad, *cache.k.values(), *cache.v.values(),
                   *[k for k, _ in cross], *[v for _, v in cross]]
-        kind = (search.kind, slots[0].size(0))
-        out = (self.parts.get(kind) or self._part(kind, search, inputs))(inputs)
+        kind = (search.kind, slots[0].size(0), k)
+        part = self.parts.get(kind) or self._part(kind, search, inputs)
+        if part is None:                                                     # a block that did not build
+            self.k[kind[:2]] = 1
+            return None
+        out = part(inputs)
         n, layers = len(out) - 2 * len(self.selfs), len(self.selfs)
         cache.k, cache.v = (dict(zip(self.selfs, out[i: i + layers], strict=True)) for i in (n, n + layers))
-        cache.advance(1)
+        cache.advance(k)
         return out[:n]
 
-    def built(self, search) -> bool:
-        """Whether both source sides and the steps of `search` (greedy's few rows, a batch's: TYPICAL) were built
-        before (no trace: their recipes' notes)."""
-        kinds = [("source", None), ("source-few", None), *((r, search) for r in [FEW_ROWS] * (search.beam == 1)
-                                                           + [TYPICAL["slots"] * search.beam])]   # steps: rows
-        return all(self._found(k if s is None else self._kind(s, k)[0], s) is not None for k, s in kinds)   # in order
+    def steps_per_call(self, search, rows: int) -> int:
+        """k: the steps a call makes at `rows` rows: `per_call`'s for greedy without scores (`steps` given), else 1."""
+        k = self.per_call["few" if rows <= FEW_ROWS else "many"] if self.steps_fn and search.kind == "greedy" else 1
+        return self.k.setdefault((search.kind, rows), k)
 
-    def _kind(self, search, rows: int) -> tuple[str, int | None]:
-        """A step's package over `rows` rows, and the rows it is traced for (None: any): greedy's few-row one, greedy's
-        at each of PACKED_ROWS when its products take MKL's packs (traced for one row count), else the search's."""
+    def built(self, search) -> bool:
+        """Whether a step of `search` (greedy's for a few rows, a batch's: TYPICAL) was built (no trace: its note)."""
+        rows = [FEW_ROWS] * (search.beam == 1) + [TYPICAL["slots"] * search.beam]
+        return any(self._found(self._kind(search, r, self.steps_per_call(search, r))[0], search) for r in rows)
+
+    def _kind(self, search, rows: int, k: int = 1) -> tuple[str, int | None]:
+        """A step's package over `rows` rows ("-k<k>": k a call), the rows it is traced for (None: any): greedy's
+        few-row one, greedy's at each of PACKED_ROWS on MKL's packs (traced for that count), else the search's."""
+        block = f"-k{k}" if k > 1 else ""
         if search.beam == 1 and rows <= FEW_ROWS:
-            return f"{search.kind}-few", None
+            return f"{search.kind}-few{block}", None
         if search.beam == 1 and rows in PACKED_ROWS and MKL and not self.narrow \
                 and not prepacks(self.model, self.threads, self.folder):
-            return f"{search.kind}-{rows}", rows
-        return search.kind, None
+            return f"{search.kind}-{rows}{block}", rows
+        return search.kind + block, None
 
     def _part(self, kind: str | tuple, search, inputs: list) -> Callable:
-        """The package of `kind` ("source(-few)", a step's (search kind, rows): `_kind`), a function of the flat
-        inputs: found, else traced, named, built; loaded (on any failure: the module, one note)."""
-        name, rows = (kind, None) if search is None else self._kind(search, kind[1])
+        """The package of `kind` ("source(-few)", a step's (search kind, rows, k): `_kind`), a function of the flat
+        inputs: found, else traced, named, built; loaded (on any failure: the module, one note; a block: None)."""
+        name, rows = (kind, None) if search is None else self._kind(search, *kind[1:])
         if name not in self.parts:
-            self.parts[name] = self._build(name, search, inputs, rows)
+            self.parts[name] = self._build(name, search, inputs, rows, 1 if search is None else kind[2])
         self.fewest.update({search.kind: min(PACKED_ROWS)} if rows else {})   # on MKL's packs: performance.md
         self.parts[kind] = self.parts[name]
         return self.parts[kind]
 
-    def _build(self, kind: str, search, inputs: list, rows: int | None) -> Callable:
-        beam, few = 0 if search is None else search.beam, kind.endswith("-few")
-        module = Source(self.fast) if search is None else Step(self.fast, self.step_fn, search)
-        what = f"the step for beam {beam}" if beam else "the source side"
+    def _build(self, kind: str, search, inputs: list, rows: int | None, k: int = 1) -> Callable | None:
+        beam, few = 0 if search is None else search.beam, "-few" in kind
+        step = functools.partial(self.steps_fn, k=k) if k > 1 else self.step_fn          # search.py's, or k `steps`
+        module = Source(self.fast) if search is None else Step(self.fast, step, search)
+        what = (f"{k} steps" if k > 1 else "the step") + f" for beam {beam}" if beam else "the source side"
         what += f" ({rows or 'a few'} rows)" if few or rows else ""
         try:
             path = self._found(kind, search)
+            if path is None and not self.build:                      # "load": no build (a block: a step a call)
+                if k == 1:
+                    self.notes(f"--compile auto: {what} not built (--compile on builds it); decoding it eagerly")
+                return None if k > 1 else lambda flat: module(*flat)
             if path is None:                                         # the products' route asked only to build
                 configs = self._configs(kind, self.narrow or few and kind != "source-few" or prepacks(
                     self.model, self.threads, self.folder))
@@ -223,13 +225,14 @@ class CompiledDecoder:
             return _load(path, {name: p for name, p in module.named_parameters() if name.endswith(".mkl")})
         except Exception as error:                                           # no working toolchain, a bad package
             first = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
-            self.notes(f"compiling {what} failed ({type(error).__name__}: {first}); decoding eagerly")
-            return lambda flat: module(*flat)
+            self.notes(f"compiling {what} failed ({type(error).__name__}: {first}); "
+                       + ("one step a call" if k > 1 else "decoding eagerly"))
+            return None if k > 1 else lambda flat: module(*flat)
 
     def _configs(self, kind: str, onednn: bool = True) -> dict:
         """inductor's settings for `kind`: many-row source 1 thread; bf16 / int8, few rows: FEW's GEMMs, else oneDNN's
         frozen weights; off oneDNN's route (`prepacks`, asked at a build, not for a note) MKL's, unfrozen."""
-        base = (FEW if kind.endswith("-few") or self.narrow else FROZEN) if onednn else UNFROZEN
+        base = (FEW if "-few" in kind or self.narrow else FROZEN) if onednn else UNFROZEN
         return {**base, "cpp.threads": 1 if kind == "source" else self.threads}
 
     def _found(self, kind: str, search) -> Path | None:       # the package the same recipe named, if still there
@@ -251,10 +254,9 @@ class CompiledDecoder:
 
 
 def prepacks(model: Transformer, threads: int, folder: Path) -> bool:
-    """Whether a step's products run faster on oneDNN's pre-blocked weights than on MKL (its packs where torch has
-    them) on this CPU at `threads`, the current count (else oneDNN where present): the model's own `decode_step` on
-    two prepared copies (8 steps of TYPICAL rows, alternating, best of 5), timed once, kept. MKL: weights unfrozen
-    (inductor packs frozen ones in every later build). AMD Zen 4: oneDNN 1.09-1.12x (MKL unpacked); Xeon+AMX: MKL."""
+    """Whether a step's products run faster on oneDNN's pre-blocked weights than on MKL (its packs where torch has them)
+    at `threads`, the current count (else oneDNN where present): the model's own `decode_step` on two prepared copies
+    (8 steps of TYPICAL rows, alternating, best of 5), timed once, kept (AMD Zen 4: oneDNN; Xeon with AMX: MKL)."""
     if not ONEDNN or threads != torch.get_num_threads():
         return ONEDNN
     key = json.dumps([_machine(threads), sorted(cpu_precision_support().flags), repr(model.cfg), "packs"]).encode()
@@ -310,8 +312,8 @@ def _load(path: Path, packs: dict[str, Tensor]) -> Callable:
 
 
 def _shapes(inputs: list, beam: int, max_len: int, few: bool = False, rows: int | None = None) -> tuple[tuple, tuple]:
-    """Inputs like `inputs` (Source's for beam 0, else Step's, flat) with every size symbolic, and those sizes for
-    torch.export: sentences or slots, rows (slots x beam; `few`: at most FEW_ROWS), source positions, output limit,
+    """Inputs like `inputs` (Source's for beam 0, else Step's, flat), every size symbolic, and those sizes: sentences
+    or slots, rows (slots x beam; `few`: at most FEW_ROWS), source, output limit (and a block's columns past it),
     self-attention positions. Example sizes 2 or 3 (above 1: kept symbolic), a many-row step's a batch's (TYPICAL)."""
     Dim = torch.export.Dim
     typical = beam > 0 and not few
@@ -325,7 +327,7 @@ def _shapes(inputs: list, beam: int, max_len: int, few: bool = False, rows: int 
         slots = Dim("slots", min=1, max=(FEW_ROWS if few else MAX_ROWS) // beam) if rows is None else Dim.STATIC
         slot, rows = (n["slots"], slots), (n["slots"] * beam, slots if beam == 1 else beam * slots)
         positions = (n["positions"] + 1, Dim("positions", min=1, max=max_len + GROW))
-        limit = (n["limit"] + 1, Dim("limit", min=1, max=max_len))
+        limit = (n["limit"] + 1, Dim("limit", min=1, max=max_len + max(STEPS.values())))
         layers = (len(inputs) - 9) // 4                                      # self K, V; cross K, V: a layer each
         specs = [{0: rows}, *[{0: slot}] * 4, {0: rows, 1: limit}, {}, {}, {0: rows, 1: source},
                  *[{0: rows, 2: positions}] * 2 * layers, *[{0: rows, 2: source}] * 2 * layers]
