@@ -288,9 +288,11 @@ def test_a_wrong_number_or_shape_of_arrays_is_a_shape_error(name, task):
     assert (r.verdict, r.shape_error) == ("wrong", True) and "shape" in r.message
 
 
-def test_a_float32_torch_implementation_is_right():
+def test_a_float32_torch_implementation_is_right_and_torch_inputs_are_tensors():
     r = check_source(answer("attention_torch32.py"), "attention", 0)
     assert r.verdict == "right", r.message
+    tensors_only = answer("attention_torch32.py").replace("torch.as_tensor(a, dtype=torch.float32)", "a.float()")
+    assert check_source(tensors_only, "attention", 0, inputs="torch").verdict == "right"   # ndarray has no .float()
 
 
 def test_the_scale_after_softmax_a_student_writes_is_named():
@@ -351,6 +353,14 @@ def test_writing_outside_its_folder_is_refused_where_landlock_exists(tmp_path):
         assert not outside.exists() and r.error["type"] == "PermissionError"
     assert r.contained["rlimits"]["RLIMIT_CORE"] == 0 and r.contained["rlimits"]["RLIMIT_NOFILE"] == \
         limits.MAX_CODE_OPEN_FILES
+
+
+def test_code_cannot_kill_the_checker_where_landlock_scopes_signals():
+    contained = check_source(plant("attention"), "attention", 0).contained
+    if contained.get("landlock", 0) < 6:
+        pytest.skip("Landlock ABI 6 (signal scoping) is not on this kernel: the code could kill the checker")
+    r = check_source(answer("kills_the_checker.py"), "attention", 0, lang="en")
+    assert r.verdict == "error" and r.error["type"] == "PermissionError"
 
 
 # ---- check_function: a notebook's function, forked -----------------------------------------------------
