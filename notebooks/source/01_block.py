@@ -208,3 +208,47 @@ for name, z in (("post", out["output"]), ("pre", pre["output"])):
 # %% md en
 # **Try it**: set `disabled_heads` to `[0]`; or change one row of `block["x"]` and see which cells change and
 # which do not (FFN and LayerNorm work row by row; only attention brings other rows in).
+
+# %% md zh
+# ## 6. 轮到你：自己写 attention 和 LayerNorm
+#
+# 下面这个 `attention` 有一个常见错误。运行 `check_function`：它在一组由种子决定的探针上运行你的函数
+# （在另一个进程里，有时间和内存上限），与课文的计算逐个比较；不对时，说出这段代码犯的是错误库里的哪一个，
+# 并给出能看出问题的最小输入。改好它，再运行一次，直到判定为“对”。然后在下一格写你自己的 LayerNorm。
+# 同样的检查在命令行是 `glassformer exercise check-code 文件.py --task attention`
+# （`glassformer exercise new --code all --out 文件夹` 写出每个任务的起始文件）。
+# %% md en
+# ## 6. Your turn: write attention and LayerNorm yourself
+#
+# The `attention` below has a classic mistake. Run `check_function`: it runs your function on probes drawn
+# from a seed (in another process, with time and memory limits), compares each with the lesson's
+# computation and, when they differ, names the mistake of the bug library your code makes, with the smallest
+# input that shows it. Fix it and run it again until the verdict is right. Then write your own LayerNorm in
+# the next cell. On the command line the same check is `glassformer exercise check-code FILE.py --task
+# attention` (`glassformer exercise new --code all --out DIR` writes a starter file per task).
+
+# %%
+from glassformer.lesson.exercises import check_function
+
+
+def attention(q, k, v, mask=None):
+    """q (n, d_k), k (m, d_k), v (m, d_v); mask (n, m) bool, True = may attend. Returns (weights, output)."""
+    scores = q @ k.T                                                      # (query, key)
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf)
+    top = np.max(scores, axis=1, keepdims=True)
+    e = np.exp(scores - np.where(np.isfinite(top), top, 0.0))
+    total = e.sum(axis=1, keepdims=True)
+    weights = np.divide(e, total, out=np.zeros_like(e), where=total > 0) / np.sqrt(q.shape[1])
+    return weights, weights @ v
+
+
+check_function(attention, task="attention", lang=LANG)
+
+# %%
+def layer_norm(x, gamma, beta, eps):
+    """x (n, d); gamma, beta (d,). Each row over its own d features: γ ⊙ (x − μ) / √(σ² + ε) + β."""
+    raise NotImplementedError(T("在这里写你的 LayerNorm", "write your LayerNorm here"))
+
+
+check_function(layer_norm, task="layer-norm", lang=LANG)

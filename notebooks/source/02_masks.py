@@ -156,3 +156,26 @@ plt.show()
 # %% md en
 # **Try it**: drop `causal` from `decoder_self` and see which positions row 0 of B can read; or change
 # `tgt_changed[1, 3:]` to `tgt_changed[1, 1:]`: this time rows that count are changed, and the loss moves.
+
+# %% md zh
+# ## 轮到你：因果 mask
+#
+# 写 `causal_mask(n)`：n×n 的布尔表，True = 可以看，第 i 行看第 0..i 列（包括自己）。下面这一版取了上三角，
+# 运行检查，看它说的是哪两个错误，再改对。
+# %% md en
+# ## Your turn: the causal mask
+#
+# Write `causal_mask(n)`: an n×n boolean table, True = may attend, row i seeing columns 0..i (itself
+# included). The version below takes the upper triangle: run the check, read which two mistakes it names,
+# and fix it.
+
+# %%
+from glassformer.lesson.exercises import check_function
+
+
+def causal_mask(n):
+    """(n, n) bool, True = may attend."""
+    return np.triu(np.ones((n, n), dtype=bool))
+
+
+check_function(causal_mask, task="causal-mask", lang=LANG)

@@ -156,3 +156,27 @@ plt.show()
 # %% md en
 # **Try it**: swap another pair (e.g. 昨天 and 书: `swap[1], swap[7] = 7, 1`), or only 给 and 了, and see which
 # rows change most.
+
+# %% md zh
+# ## 轮到你：正弦位置表
+#
+# 写 `sinusoidal_positions(n, d)`：$\mathrm{PE}(p,2r)=\sin(p/10000^{2r/d})$，
+# $\mathrm{PE}(p,2r+1)=\cos(p/10000^{2r/d})$，$p=0..n-1$。检查会认出常见的错误：sin 与 cos 放反、
+# 先放全部 sin 再放全部 cos、指数用了列号。
+# %% md en
+# ## Your turn: the sinusoidal table
+#
+# Write `sinusoidal_positions(n, d)`: $\mathrm{PE}(p,2r)=\sin(p/10000^{2r/d})$,
+# $\mathrm{PE}(p,2r+1)=\cos(p/10000^{2r/d})$, $p=0..n-1$. The check knows the usual mistakes: sin and cos
+# swapped, all sines before all cosines, the column index in the exponent.
+
+# %%
+from glassformer.lesson.exercises import check_function
+
+
+def sinusoidal_positions(n, d):
+    """(n, d) table, d even."""
+    raise NotImplementedError(T("在这里写你的位置表", "write your position table here"))
+
+
+check_function(sinusoidal_positions, task="positions", lang=LANG)
