@@ -9,9 +9,11 @@ For each weight encoding (float32, float16) the model's bundle goes through the 
 - the translations of the HSK split (`glassformer.decoding.Translator`, as `glassformer translate`; greedy and beam 4),
 - p(next) at every row of each sentence teacher-forced with its reference translation: the model in float32 (the
   weights the run folder holds) through its forward, softmax in float64, as tests/test_lab_browser.py reads the hooks.
-The rule the offline file keeps (docs/lab.md): translations equal on >= 99 % of the sentences and p(next) within
-1e-4. Printed with the exported file's size for each encoding; nothing is asserted (tests/test_lab_float16.py holds
-the rule on a model of the default shape).
+- the attribution rows of `glassformer attribute --json` (saliency, input x gradient, integrated gradients at 16
+  steps) for the first sentences, teacher-forced: the largest |page - CLI| of a row over its largest |score|.
+The rule for the offline file (docs/lab.md): translations equal on >= 99 % of the sentences, p(next) within 1e-4,
+and attribute() within 1e-4 of each row's largest score. Printed with the exported file's size for each encoding
+(the offline file packs float32 losslessly: lab/bundle.py pack_weights); nothing is asserted.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import torch
 
 AGREEMENT = 0.99                     # share of sentences whose page translation equals the CLI's
 P_TOLERANCE = 1e-4                   # largest |p_page - p_model| over every row and token
+ROW_TOLERANCE = 1e-4                 # largest |page - CLI| of an attribution row over the row's largest |score|
+ATTRIBUTION_METHODS = (("saliency", "auto"), ("input-x-gradient", "auto"), ("integrated-gradients", 16))
 RUNNER = Path(__file__).with_name("lab_engine.mjs")
 ENGINE = Path(__file__).resolve().parents[1] / "src" / "glassformer" / "lab" / "static" / "engine"
 
@@ -49,13 +53,14 @@ def default_shaped_lab(seed: int = 0):
     return LabModel.build(model, data.source, data.target, trained=True, origin="default preset's shape, seeded")
 
 
-def _page_run(bundle: dict, sentences: list[str], beams: list[int], forced: list[dict], folder: Path) -> dict:
+def _page_run(bundle: dict, sentences: list[str], beams: list[int], forced: list[dict], folder: Path,
+              attribute: list[dict]) -> dict:
     node = shutil.which("node")
     if node is None:
         raise SystemExit("needs Node.js (node) on PATH: the page's engine runs there")
     (folder / "bundle.json").write_text(json.dumps(bundle))
     job = {"bundle": str(folder / "bundle.json"), "probs": str(folder / "probs.bin"), "forced": forced,
-           "translate": [{"text": s, "beam": b} for b in beams for s in sentences]}
+           "translate": [{"text": s, "beam": b} for b in beams for s in sentences], "attribute": attribute}
     (folder / "job.json").write_text(json.dumps(job))
     done = subprocess.run([node, str(RUNNER), str(ENGINE), str(folder / "job.json"), str(folder / "out.json")],
                           capture_output=True, text=True, timeout=3600)
@@ -66,10 +71,25 @@ def _page_run(bundle: dict, sentences: list[str], beams: list[int], forced: list
     return out
 
 
+def _row_deviation(got: dict, want: dict) -> float:
+    """The largest |page - CLI| of any row over that row's largest |score| (inf when the rows differ)."""
+    if [(r["position"], r["token"]) for r in got["rows"]] != [(r["position"], r["token"]) for r in want["rows"]]:
+        return float("inf")
+    worst = 0.0
+    for g, w in zip(got["rows"], want["rows"], strict=True):
+        values = [v for _, v in w["source"] + w["prefix"]]
+        scale = max(map(abs, values)) or 1.0
+        mine = [v for _, v in g["source"] + g["prefix"]]
+        worst = max(worst, max(abs(a - b) for a, b in zip(mine, values, strict=True)) / scale)
+    return worst
+
+
 def measure(lab, sentences: list[str], references: list[str], beams: list[int] = (1, 4),
-            dtypes: tuple[str, ...] = ("float32", "float16"), file_size: bool = True) -> dict:
-    """{dtype: {file_mb, agreement: {beam: share}, differing: {beam: [(source, cli, page)]}, max_dp, rows}}."""
+            dtypes: tuple[str, ...] = ("float32", "float16"), file_size: bool = True, attributed: int = 8) -> dict:
+    """{dtype: {file_mb, agreement: {beam: share}, differing: {beam: [(source, cli, page)]}, max_dp, rows,
+    attribution: {method: worst row deviation}}}."""
     from glassformer.decoding.translator import Translator
+    from glassformer.interpret.why import why
     from glassformer.lab.bundle import write_bundle
 
     model, source, target = lab.model.eval(), lab.source, lab.target
@@ -87,12 +107,20 @@ def measure(lab, sentences: list[str], references: list[str], beams: list[int] =
             p = torch.softmax(model(torch.tensor([src]), torch.tensor([tgt]))[0].double(), dim=-1)   # (tgt, V)
         want.append(p.numpy())
     want = np.concatenate(want)
+    known = [(s, r) for s, r in zip(sentences, references, strict=True) if not source.analyse(s).unknown]
+    chosen = known[:attributed]
+    jobs, cli_rows = [], []
+    for method, steps in ATTRIBUTION_METHODS:
+        for text, english in chosen:
+            jobs.append({"text": text, "target": english, "method": method, "steps": steps})
+            with torch.enable_grad():
+                cli_rows.append(why(model, source, target, text, english, method, None, steps, lens=False))
     results = {}
     for dtype in dtypes:
         bundle = write_bundle(model, (source, target), dtype)
         with tempfile.TemporaryDirectory() as tmp:
             started = time.perf_counter()
-            page = _page_run(bundle, sentences, list(beams), forced, Path(tmp))
+            page = _page_run(bundle, sentences, list(beams), forced, Path(tmp), jobs)
             seconds = time.perf_counter() - started
         got = page["probs"].reshape(want.shape)
         translations = page["translations"]
@@ -102,8 +130,12 @@ def measure(lab, sentences: list[str], references: list[str], beams: list[int] =
             pairs = [(s, c, m) for s, c, m in zip(sentences, cli[b], mine, strict=True) if c != m]
             agreement[b] = 1 - len(pairs) / len(sentences)
             differing[b] = pairs
+        deviation = {}
+        for job, mine, theirs in zip(jobs, page["attributions"], cli_rows, strict=True):
+            deviation[job["method"]] = max(deviation.get(job["method"], 0.0), _row_deviation(mine, theirs))
         row = {"agreement": agreement, "differing": differing, "max_dp": float(np.abs(got - want).max()),
-               "rows": int(want.shape[0]), "node_seconds": seconds}
+               "rows": int(want.shape[0]), "node_seconds": seconds, "attribution": deviation,
+               "attributed": len(chosen)}
         if file_size:
             row["file_mb"] = export_size(lab, dtype) / 1e6
         results[dtype] = row
@@ -140,11 +172,15 @@ def main(argv: list[str] | None = None) -> None:
           f"{len(sentences)} sentences of HSK {args.split}; beams {beams}")
     results = measure(lab, sentences, references, beams)
     for dtype, r in results.items():
-        ok = all(a >= AGREEMENT for a in r["agreement"].values()) and r["max_dp"] <= P_TOLERANCE
+        ok = (all(a >= AGREEMENT for a in r["agreement"].values()) and r["max_dp"] <= P_TOLERANCE
+              and all(d <= ROW_TOLERANCE for d in r["attribution"].values()))
         shares = ", ".join(f"beam {b}: {100 * a:.1f} %" for b, a in r["agreement"].items())
+        rows = ", ".join(f"{m} {d:.1e}" for m, d in r["attribution"].items())
         print(f"{dtype}: file {r['file_mb']:.1f} MB; translations equal to the CLI's {shares}; "
-              f"max |p_page - p_model| {r['max_dp']:.2e} over {r['rows']} rows; "
-              f"{'meets' if ok else 'FAILS'} the rule (>= {100 * AGREEMENT:g} %, <= {P_TOLERANCE:g})")
+              f"max |p_page - p_model| {r['max_dp']:.2e} over {r['rows']} rows; attribution rows of "
+              f"{r['attributed']} sentences, largest |page - CLI| / row scale: {rows}; "
+              f"{'meets' if ok else 'FAILS'} the rule (>= {100 * AGREEMENT:g} %, <= {P_TOLERANCE:g}, "
+              f"<= {ROW_TOLERANCE:g})")
         for b, pairs in r["differing"].items():
             for s, c, m in pairs[:5]:
                 print(f"  beam {b} differs: {s} | CLI: {c} | page: {m}")
