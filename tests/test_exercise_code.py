@@ -295,6 +295,13 @@ def test_a_float32_torch_implementation_is_right_and_torch_inputs_are_tensors():
     assert check_source(tensors_only, "attention", 0, inputs="torch").verdict == "right"   # ndarray has no .float()
 
 
+def test_a_causal_mask_of_0_1_numbers_is_read_as_booleans_an_additive_one_is_not():
+    r = check_source(answer("causal_mask_float.py"), "causal-mask", 0, lang="en")
+    assert r.verdict == "right" and r.notes == ["the mask's dtype is float64, not bool: 1 was read as True, 0 as False"]
+    r = check_source(answer("causal_mask_additive.py"), "causal-mask", 0, lang="en")
+    assert r.verdict == "wrong" and len(r.notes) == 1 and "additive mask" in r.notes[0]
+
+
 def test_the_scale_after_softmax_a_student_writes_is_named():
     r = check_source(answer("attention_scale_after_softmax.py"), "attention", 5, lang="en")
     assert (r.verdict, r.bugs) == ("wrong", ["scale-after-softmax"])

@@ -167,6 +167,8 @@ def _notes(task: Task, outcomes: list[Outcome], w: dict) -> list[str]:
                 continue
             if note not in notes:
                 notes.append(note)
+    if w["additive"] in notes:                   # its one-row probe (a single 0) read as 0/1 is no news
+        notes = [n for n in notes if not n.startswith(w["mask_numbers"].split("{")[0])]
     return notes
 
 
