@@ -282,6 +282,12 @@ def test_a_transposed_weights_table_is_a_shape_error_not_a_traceback(capsys):
     assert "shape" in json.loads(capsys.readouterr().out)["message"]
 
 
+@pytest.mark.parametrize("task,bug", [("multi-head", "no-output-projection"), ("attention", "transposed-scores")])
+def test_a_shape_error_a_bug_explains_is_named_as_both(task, bug):
+    r = check_source(plant(task, [bug]), task, 1, lang="en")
+    assert (r.verdict, r.bugs, r.shape_error) == ("wrong", [bug], True) and "shape" in r.message.splitlines()[-1]
+
+
 @pytest.mark.parametrize("name,task", [("attention_output_only.py", "attention"), ("layer_norm_flat.py", "layer-norm")])
 def test_a_wrong_number_or_shape_of_arrays_is_a_shape_error(name, task):
     r = check_source(answer(name), task, 0, lang="en")

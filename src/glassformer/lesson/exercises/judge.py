@@ -87,7 +87,19 @@ def judge(task: Task, seed: int, run: sandbox.Run, offset: int = 0, lang: str = 
                 entry["as"] = list(report.bugs)
         first = next(i for i in smallest if statuses[i] != "right")
         report.failing = _failing(task, found[first], right[first], outcomes[first], first)
-        return fail("wrong", _bug_text(matched, w, lang))
+        text = _bug_text(matched, w, lang)
+        shaped_off = [i for i in smallest if statuses[i] == "shape" or (statuses[i] == "error"
+                                                                         and outcomes[i].shape_like)]
+        if shaped_off:                       # a shape error the bug explains is still a shape error
+            i = shaped_off[0]
+            report.shape_error = True
+            if statuses[i] == "shape":
+                report.shape = _shape_detail(task, outcomes[i], right[i], i)
+                text += "\n" + _shape_message(task, outcomes[i], right[i], w, found[i])
+            else:
+                e = outcomes[i].error
+                text += "\n" + w["raised_shape"].format(type=e.get("type"), message=e.get("message", ""), probe=i + 1)
+        return fail("wrong", text)
     raised = [i for i in smallest if statuses[i] == "error"]
     if raised:
         i = raised[0]
