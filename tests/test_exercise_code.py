@@ -335,6 +335,14 @@ def test_hostile_code_ends_in_a_verdict(name, verdict, words):
     assert check_source(plant("attention"), "attention", 0).verdict == "right"          # the checker is alive
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="finds the checker's pipe through /proc")
+def test_answers_forged_on_the_checkers_pipe_end_in_a_verdict(capsys):
+    path = str(HERE / "forges_answers.py")
+    assert main(["exercise", "check-code", path, "--task", "attention", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] in ("wrong", "crashed") and out["verdict"] != "right"
+
+
 def test_an_endless_loop_is_a_timeout_within_the_call_limit():
     start = time.monotonic()
     r = check_source(answer("hang_in_call.py"), "attention", 0, lang="en")

@@ -115,21 +115,24 @@ def outcome_of(call: sandbox.Call | None) -> Outcome:
         return Outcome("not run")
     if call.status == "raised":
         return Outcome("raised", error=call.error or {})
-    result = call.result or {}
+    result = call.result if isinstance(call.result, dict) else {}
     if "arrays" not in result:
-        return Outcome("other", other=str(result.get("other", "?")))
+        return Outcome("other", other=str(result.get("other", "?"))[:300])
     out = Outcome("arrays")
-    for entry in result["arrays"]:
-        shape = tuple(int(n) for n in entry.get("shape", ()))
-        values = entry.get("values")
-        a = None
-        if values is not None:
-            a = np.asarray(values, dtype=np.float64)
-            if a.shape != shape:
-                a = None
-        out.arrays.append(a)
-        out.shapes.append(shape)
-        out.dtypes.append(str(entry.get("dtype", "")))
+    try:                                         # the child's answer, read without trusting its structure
+        for entry in result["arrays"]:
+            shape = tuple(int(n) for n in entry.get("shape", ()))
+            values = entry.get("values")
+            a = None
+            if values is not None:
+                a = np.asarray(values, dtype=np.float64)
+                if a.shape != shape:
+                    a = None
+            out.arrays.append(a)
+            out.shapes.append(shape)
+            out.dtypes.append(str(entry.get("dtype", "")))
+    except (TypeError, ValueError, AttributeError, OverflowError):
+        return Outcome("other", other="an answer the checker could not read")
     return out
 
 

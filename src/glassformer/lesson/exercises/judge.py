@@ -241,7 +241,8 @@ def _stopped(report: CodeReport, task: Task, found: list[Probe], run: sandbox.Ru
     if run.stop_call is not None and offset <= run.stop_call < offset + len(found):
         probe = run.stop_call - offset
     call = call_text(task, found[probe]) if probe is not None else ""
-    during = w["during_call"].format(probe=probe + 1, call=call) if probe is not None else w["during_load"]
+    during = (w["during_call"].format(probe=probe + 1, call=call) if probe is not None
+              else w["during_calls"] if run.loaded else w["during_load"])
     report.stopped = {"cause": run.cause, "probe": None if probe is None else probe + 1}
     cause = run.cause
     if run.stop == "timeout":

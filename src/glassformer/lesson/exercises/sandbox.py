@@ -49,6 +49,7 @@ class Run:
     calls: list[Call | None]
     load_error: dict | None = None     # the file's top level raised
     missing: bool = False              # the file ran but defines no such function
+    loaded: bool = False               # the file ran and its function was found
     stop: str | None = None            # None (it finished) | "timeout" | "crashed"
     cause: str = ""                    # load | call | total | cpu | memory | answer | garbled | signal:NAME | exit:N
     stop_call: int | None = None       # the call running when it stopped (None: while loading)
@@ -195,6 +196,33 @@ def _watch(pid: int, fd: int, wait, n_calls: int) -> Run:
     start = time.monotonic()
     phase_start, loaded, current, ended, call_start = start, False, None, False, start
     buffer, received = b"", 0
+
+    def _take(event: dict) -> bool:
+        """One event of the child; False when it is not one the child sends."""
+        nonlocal phase_start, loaded, current, ended, call_start
+        kind = event["event"]
+        phase_start = time.monotonic()
+        if kind == "confined":
+            run.contained = event["contained"] if isinstance(event.get("contained"), dict) else {}
+        elif kind == "loaded":
+            loaded = run.loaded = True
+        elif kind == "missing":
+            run.missing = True
+        elif kind == "start":
+            current, call_start = (event["call"] if isinstance(event["call"], int) else None), phase_start
+        elif kind in ("done", "raised") and event.get("call") is None:
+            run.load_error = _clean_error(event.get("error"))
+        elif kind in ("done", "raised"):
+            i = event["call"]
+            if isinstance(i, int) and 0 <= i < n_calls:
+                run.calls[i] = Call(kind, event.get("result"), _clean_error(event.get("error")),
+                                    phase_start - call_start)
+            current = None
+        elif kind == "end":
+            ended = True
+            run.dropped = [int(n) for n in event.get("dropped", [0, 0])][:2]
+        return kind in ("confined", "loaded", "missing", "start", "done", "raised", "end")
+
     while True:
         now = time.monotonic()
         limit = L.MAX_CODE_CALL_SECONDS if loaded else L.MAX_CODE_LOAD_SECONDS
@@ -220,30 +248,11 @@ def _watch(pid: int, fd: int, wait, n_calls: int) -> Run:
         garbled = False
         for line in lines:
             try:
-                event = json.loads(line)
-                kind = event["event"]
-            except (ValueError, TypeError, KeyError):
+                garbled = not _take(json.loads(line))
+            except (ValueError, TypeError, KeyError, AttributeError):      # not the child's own answer
                 garbled = True
+            if garbled:
                 break
-            phase_start = time.monotonic()
-            if kind == "confined":
-                run.contained = event.get("contained") or {}
-            elif kind == "loaded":
-                loaded = True
-            elif kind == "missing":
-                run.missing = True
-            elif kind == "start":
-                current, call_start = event["call"], phase_start
-            elif kind in ("done", "raised") and event.get("call") is None:
-                run.load_error = event.get("error")
-            elif kind in ("done", "raised"):
-                i = event["call"]
-                if isinstance(i, int) and 0 <= i < n_calls:
-                    run.calls[i] = Call(kind, event.get("result"), event.get("error"), phase_start - call_start)
-                current = None
-            elif kind == "end":
-                ended = True
-                run.dropped = [int(n) for n in event.get("dropped", [0, 0])][:2]
         if garbled:
             _kill(pid)
             run.stop, run.cause, run.stop_call = "crashed", "garbled", current
@@ -266,6 +275,18 @@ def _watch(pid: int, fd: int, wait, n_calls: int) -> Run:
         else:
             run.cause = f"exit:{code}"
     return run
+
+
+def _clean_error(error) -> dict | None:
+    """The child's description of an exception, kept to its expected fields and types (the child is untrusted)."""
+    if error is None:
+        return None
+    error = error if isinstance(error, dict) else {}
+    lines = [e for e in error.get("lines", []) if isinstance(e, dict)] if isinstance(error.get("lines"), list) else []
+    return {"type": str(error.get("type", "?"))[:100], "message": str(error.get("message", ""))[:1000],
+            "lines": [{"file": str(e.get("file", "")), "line": e.get("line") if isinstance(e.get("line"), int) else 0,
+                       "function": str(e.get("function", "")), "text": str(e.get("text", ""))[:200]}
+                      for e in lines[-10:]]}
 
 
 def _read_output(run: Run, root: str) -> None:
