@@ -65,7 +65,8 @@ def confine(work: str, limits: dict) -> dict:
     cap("RLIMIT_CPU", limits["cpu_seconds"], slack=1)                    # SIGXCPU, then SIGKILL a second later
     cap("RLIMIT_FSIZE", limits["write_bytes"])
     cap("RLIMIT_NOFILE", limits["open_files"])
-    cap("RLIMIT_NPROC", 0)                                               # no new process or thread (not for root)
+    if limits.get("no_new_processes", True):                             # not for root; not in a fork of a kernel,
+        cap("RLIMIT_NPROC", 0)                                           # whose thread pools start again there
     applied["landlock"] = _landlock(work)
     return applied
 
