@@ -198,7 +198,7 @@ def test_the_train_view_keeps_its_set_up_in_the_hash_and_opens_the_toy_in_the_vi
         page.click("#train-step")
         page.wait_for_function("() => document.body.dataset.trainStep === '1'", timeout=20000)
         batch = page.locator('[data-probe="train.batch"]')
-        assert batch.count() >= 1 and batch.first.locator("tr").count() == 4
+        assert batch.count() >= 1 and batch.first.is_visible() and batch.first.locator("tr").count() == 4
         predicted = batch.first.locator("tr.predicted td")
         assert predicted.count() == batch.first.locator("tr").nth(3).locator("td").count()
         assert page.locator('[data-probe="train.cross"] tbody tr').count() >= 6

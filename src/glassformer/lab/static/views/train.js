@@ -147,7 +147,7 @@
         panel("train-loss-panel", "train.loss.heading", "train.loss.caption",
           el("canvas", { id: "train-loss", width: "640", height: "220" })),
         panel("train-cross-panel", "train.cross.heading", "train.cross.caption", el("div", { id: "train-cross" })),
-        panel("train-batch-panel", "train.batch.heading", "train.batch.caption", el("div", { id: "train-batch" })),
+        panel("train-batch-panel", "train.batch.heading", "train.batch.caption", el("div", { id: "train-forced-batch" })),
         panel("train-generate-panel", "train.generate.heading", "train.generate.caption", el("div", { id: "train-generate" }))));
     T.built = true;
     draw();
@@ -211,7 +211,7 @@
   }
 
   function drawBatch() {
-    const box = document.getElementById("train-batch");
+    const box = document.getElementById("train-forced-batch");
     const b = T.batch;
     if (!b) { box.replaceChildren(el("p", { class: "note" }, t("train.batch.none"))); return; }
     const shown = Math.min(SHOWN_ROWS, b.source.length);
