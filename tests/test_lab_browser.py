@@ -496,6 +496,11 @@ def test_the_default_models_file_meets_its_budgets(browser, default_shaped_expor
               f"{patch[0]:.2f} s ({patch[1]} layers of heads, {patch[2]} layers of positions)")
         assert size <= 25_000_000               # the times are printed, not asserted: a loaded CI host must not
         assert patch[1] > 0 and patch[2] > 0    # turn the suite red (benchmarks measure; docs/lab.md has them)
+        # the packed weights are the model's own: p(next) as its hooks give it, the page's float64 against float32
+        for prefix in ("", "I gave", "He drinks a cup of"):
+            got = p.page.evaluate("(t) => window.glassformer.next('他每天早上喝一杯茶。', t)", prefix)
+            want = _p_next(lab, "他每天早上喝一杯茶。", prefix)
+            assert all(abs(e["p"] - want[e["id"]]) < 1e-6 for e in got), prefix
         assert p.outside == [] and p.errors == []
     finally:
         p.close()
