@@ -111,7 +111,7 @@ optimizer = torch.optim.Adam(toy.parameters(), lr=3e-3, betas=(0.9, 0.98), eps=1
 warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / 100))
 losses = []
 toy.train()
-for step in range(400):
+for _ in range(400):
     src, tgt_in, labels = reversal_batch([s for s in draw(48) if tuple(s) not in seen][:32])
     total, count = toy.loss(src, tgt_in, labels)                         # every target position at once
     optimizer.zero_grad()
