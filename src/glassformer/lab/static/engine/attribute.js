@@ -165,18 +165,21 @@ function values(model, path, embeddings) {
   });
 }
 
-// Scores of rows `which` at nodes `alphas`: out.src[r][k] (S,), out.tgt[r][k] (T,). kind "dot":
-// sum_d (e - e') * df/de at e' + a (e - e'); "abs": sum_d |df/de|. A generator: yields after each backward.
+// Scores of rows `which` at nodes `alphas`: out.src[r][k] (S,), out.tgt[r][k] (T,), and out.f[r][k] the row's f
+// at the node. kind "dot": sum_d (e - e') * df/de at e' + a (e - e'); "abs": sum_d |df/de|. A generator: yields
+// after each backward.
 function* nodeScores(model, path, which, alphas, kind, progress) {
   const [xs, xt] = path.x, [bs, bt] = path.b;
   const S = xs.rows, T = xt.rows, d = xs.cols;
-  const out = { src: which.map(() => []), tgt: which.map(() => []) };
+  const out = { src: which.map(() => []), tgt: which.map(() => []), f: which.map(() => []) };
   for (let k = 0; k < alphas.length; k++) {
     const pass = tapedPass(model, path.srcIds, path.tgtInIds, {
       embeddings: { src: along(bs, xs, alphas[k]), tgt: along(bt, xt, alphas[k]) }, weights: false, off: path.off });
     for (let n = 0; n < which.length; n++) {
       const r = which[n];
-      pass.backward(logProbObjective(pass.logits, path.rows[r], path.tokens[r], path.contrast[r]).grad);
+      const objective = logProbObjective(pass.logits, path.rows[r], path.tokens[r], path.contrast[r]);
+      out.f[n].push(objective.value);
+      pass.backward(objective.grad);
       const gs = pass.tape.gradIf(pass.srcEmbedding), gt = pass.tape.gradIf(pass.tgtEmbedding);
       const score = (g, x, b, rows) => {
         const s = new Float64Array(rows);
@@ -229,14 +232,12 @@ export function* attributionRows(model, srcIds, tgtInIds, rows, tokens, opts = {
     : rows.map(() => (opts.contrast === null || opts.contrast === undefined ? -1 : opts.contrast));
   const path = { srcIds, tgtInIds, rows, tokens, contrast, off, x: inputEmbeddings(model, srcIds, tgtInIds, off) };
   const every = rows.map((_, r) => r);
-  if (method !== "integrated-gradients") {
+  if (method !== "integrated-gradients") {                            // one pass at e (e' = 0, a = 1): f there too
     path.b = [matrix(path.x[0].rows, path.x[0].cols), matrix(path.x[1].rows, path.x[1].cols)];
-    const progress = { done: 0, total: rows.length + 1 };
+    const progress = { done: 0, total: rows.length };
     const s = yield* nodeScores(model, path, every, [1], method === "saliency" ? "abs" : "dot", progress);
-    const value = values(model, path, path.x);
-    yield { done: progress.total, total: progress.total };
-    return { method, source: s.src.map((x) => x[0]), prefix: s.tgt.map((x) => x[0]), value, baseline: null,
-      error: null, steps: null, passes: null };
+    return { method, source: s.src.map((x) => x[0]), prefix: s.tgt.map((x) => x[0]), value: s.f.map((x) => x[0]),
+      baseline: null, error: null, steps: null, passes: null };
   }
   checkSteps(steps);
   checkPasses(rows.length, steps, rule);

@@ -19,7 +19,7 @@
 // ---- matrices ----------------------------------------------------------------------------------------
 
 export function matrix(rows, cols, data = new Float64Array(rows * cols)) {
-  return { rows, cols, data };
+  return { rows, cols, data, grad: null, tape: null };   // grad: dL/d(this value), for the tape that set it
 }
 
 export function copyMatrix(m) {
@@ -36,7 +36,7 @@ export class Tape {
   constructor({ weights = true, weightGrads = new Map() } = {}) {
     this.ops = [];                       // backward closures, in forward order
     this.weights = weights;
-    this.grads = new Map();              // Matrix -> Float64Array
+    this.touched = [];                   // the Matrices whose .grad this tape set
     this.weightGrads = weightGrads;      // weight tensor -> Float64Array (a tied tensor is one key: it adds)
   }
 
@@ -44,19 +44,19 @@ export class Tape {
     this.ops.push(backward);
   }
 
-  // dL/dm, created as zeros on first use
+  // dL/dm (kept on the Matrix as m.grad), created as zeros on first use
   grad(m) {
-    let g = this.grads.get(m);
-    if (!g) {
-      g = new Float64Array(m.data.length);
-      this.grads.set(m, g);
+    if (m.tape !== this || !m.grad) {
+      m.grad = new Float64Array(m.data.length);
+      m.tape = this;
+      this.touched.push(m);
     }
-    return g;
+    return m.grad;
   }
 
   // dL/dm when anything reached m, else null (an op whose output got no gradient is skipped)
   gradIf(m) {
-    return this.grads.get(m) || null;
+    return m.tape === this ? m.grad : null;
   }
 
   // dL/dW of a weight tensor. Tied matrices (the target embedding and the vocabulary head; shared source and
@@ -78,13 +78,14 @@ export class Tape {
 
   // every gradient back to zero (a second backward over the same forward: another row, another objective)
   zero() {
-    for (const g of this.grads.values()) g.fill(0);
+    for (const m of this.touched) m.grad.fill(0);
     for (const g of this.weightGrads.values()) g.fill(0);
   }
 }
 
-// x (n, in) -> x W^T + b (n, out); weight (out, in) as nn.Linear stores it. Four rows at a time: each weight
-// row is read once for four dot products (the same sums, in the same order, as one row at a time).
+// x (n, in) -> x W^T + b (n, out); weight (out, in) as nn.Linear stores it. Blocks of four rows and two outputs:
+// each weight row and each input row is read once for several dot products (the same sums, in the same order,
+// as one row and one output at a time).
 export function linear(x, weight, bias, tape) {
   const [out, inp] = weight.shape;
   if (x.cols !== inp) throw new Error(`linear: input has ${x.cols} columns, the weight expects ${inp}`);
@@ -94,21 +95,34 @@ export function linear(x, weight, bias, tape) {
   let i = 0;
   for (; i + 4 <= n; i += 4) {
     const x0 = i * inp, x1 = x0 + inp, x2 = x1 + inp, x3 = x2 + inp;
-    for (let o = 0; o < out; o++) {
+    const y0 = i * out, y1 = y0 + out, y2 = y1 + out, y3 = y2 + out;
+    let o = 0;
+    for (; o + 2 <= out; o += 2) {                                      // outputs o and o + 1 of rows i .. i + 3
+      const wa = o * inp, wb = wa + inp;
+      let a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
+      for (let k = 0; k < inp; k++) {
+        const u = w[wa + k], v = w[wb + k];
+        const p0 = xd[x0 + k], p1 = xd[x1 + k], p2 = xd[x2 + k], p3 = xd[x3 + k];
+        a0 += p0 * u; a1 += p1 * u; a2 += p2 * u; a3 += p3 * u;
+        b0 += p0 * v; b1 += p1 * v; b2 += p2 * v; b3 += p3 * v;
+      }
+      if (b) {
+        const ba = b[o], bb = b[o + 1];
+        a0 += ba; a1 += ba; a2 += ba; a3 += ba; b0 += bb; b1 += bb; b2 += bb; b3 += bb;
+      }
+      yd[y0 + o] = a0; yd[y1 + o] = a1; yd[y2 + o] = a2; yd[y3 + o] = a3;
+      yd[y0 + o + 1] = b0; yd[y1 + o + 1] = b1; yd[y2 + o + 1] = b2; yd[y3 + o + 1] = b3;
+    }
+    for (; o < out; o++) {
       const wo = o * inp;
       let s0 = 0, s1 = 0, s2 = 0, s3 = 0;
       for (let k = 0; k < inp; k++) {
         const wk = w[wo + k];
-        s0 += xd[x0 + k] * wk;
-        s1 += xd[x1 + k] * wk;
-        s2 += xd[x2 + k] * wk;
-        s3 += xd[x3 + k] * wk;
+        s0 += xd[x0 + k] * wk; s1 += xd[x1 + k] * wk; s2 += xd[x2 + k] * wk; s3 += xd[x3 + k] * wk;
       }
       const bo = b ? b[o] : 0;
-      yd[i * out + o] = b ? s0 + bo : s0;
-      yd[(i + 1) * out + o] = b ? s1 + bo : s1;
-      yd[(i + 2) * out + o] = b ? s2 + bo : s2;
-      yd[(i + 3) * out + o] = b ? s3 + bo : s3;
+      yd[y0 + o] = b ? s0 + bo : s0; yd[y1 + o] = b ? s1 + bo : s1;
+      yd[y2 + o] = b ? s2 + bo : s2; yd[y3 + o] = b ? s3 + bo : s3;
     }
   }
   for (; i < n; i++) {
@@ -125,8 +139,8 @@ export function linear(x, weight, bias, tape) {
 }
 
 // y = x W^T + b:    dx = dy W    (n, out)(out, in)      dW += dy^T x    (out, n)(n, in)      db += sum_i dy_i
-// Four rows at a time, as the forward (each weight row read once for four rows); four zero entries of dy are
-// skipped (a row the objective does not reach costs nothing).
+// In blocks of four rows and two outputs, as the forward; a block whose dy entries are all zero is skipped (a row
+// the objective does not reach costs nothing).
 function linearBackward(tape, x, weight, bias, y) {
   const dy = tape.gradIf(y);
   if (!dy) return;
@@ -134,17 +148,29 @@ function linearBackward(tape, x, weight, bias, y) {
   const dx = tape.grad(x);
   let i = 0;
   for (; i + 4 <= n; i += 4) {                                          // dx_i += sum_o dy_io W_o
-    const x0 = i * inp, x1 = x0 + inp, x2 = x1 + inp, x3 = x2 + inp, y0 = i * out;
-    for (let o = 0; o < out; o++) {
-      const g0 = dy[y0 + o], g1 = dy[y0 + out + o], g2 = dy[y0 + 2 * out + o], g3 = dy[y0 + 3 * out + o];
+    const x0 = i * inp, x1 = x0 + inp, x2 = x1 + inp, x3 = x2 + inp;
+    const y0 = i * out, y1 = y0 + out, y2 = y1 + out, y3 = y2 + out;
+    let o = 0;
+    for (; o + 2 <= out; o += 2) {
+      const g0 = dy[y0 + o], g1 = dy[y1 + o], g2 = dy[y2 + o], g3 = dy[y3 + o];
+      const h0 = dy[y0 + o + 1], h1 = dy[y1 + o + 1], h2 = dy[y2 + o + 1], h3 = dy[y3 + o + 1];
+      if (g0 === 0 && g1 === 0 && g2 === 0 && g3 === 0 && h0 === 0 && h1 === 0 && h2 === 0 && h3 === 0) continue;
+      const wa = o * inp, wb = wa + inp;
+      for (let k = 0; k < inp; k++) {
+        const u = w[wa + k], v = w[wb + k];
+        dx[x0 + k] += g0 * u + h0 * v;
+        dx[x1 + k] += g1 * u + h1 * v;
+        dx[x2 + k] += g2 * u + h2 * v;
+        dx[x3 + k] += g3 * u + h3 * v;
+      }
+    }
+    for (; o < out; o++) {
+      const g0 = dy[y0 + o], g1 = dy[y1 + o], g2 = dy[y2 + o], g3 = dy[y3 + o];
       if (g0 === 0 && g1 === 0 && g2 === 0 && g3 === 0) continue;
       const wo = o * inp;
       for (let k = 0; k < inp; k++) {
         const wk = w[wo + k];
-        dx[x0 + k] += g0 * wk;
-        dx[x1 + k] += g1 * wk;
-        dx[x2 + k] += g2 * wk;
-        dx[x3 + k] += g3 * wk;
+        dx[x0 + k] += g0 * wk; dx[x1 + k] += g1 * wk; dx[x2 + k] += g2 * wk; dx[x3 + k] += g3 * wk;
       }
     }
   }
@@ -159,16 +185,35 @@ function linearBackward(tape, x, weight, bias, y) {
   }
   if (!tape.weights) return;
   const dw = tape.weightGrad(weight);
-  for (let o = 0; o < out; o++) {                                       // dW_o += sum_i dy_io x_i
-    const wo = o * inp;
+  let o = 0;
+  for (; o + 2 <= out; o += 2) {                                        // dW_o += sum_i dy_io x_i
+    const wa = o * inp, wb = wa + inp;
     let r = 0;
     for (; r + 4 <= n; r += 4) {
-      const g0 = dy[r * out + o], g1 = dy[(r + 1) * out + o], g2 = dy[(r + 2) * out + o], g3 = dy[(r + 3) * out + o];
-      if (g0 === 0 && g1 === 0 && g2 === 0 && g3 === 0) continue;
+      const ya = r * out + o;
+      const g0 = dy[ya], g1 = dy[ya + out], g2 = dy[ya + 2 * out], g3 = dy[ya + 3 * out];
+      const h0 = dy[ya + 1], h1 = dy[ya + out + 1], h2 = dy[ya + 2 * out + 1], h3 = dy[ya + 3 * out + 1];
+      if (g0 === 0 && g1 === 0 && g2 === 0 && g3 === 0 && h0 === 0 && h1 === 0 && h2 === 0 && h3 === 0) continue;
       const x0 = r * inp, x1 = x0 + inp, x2 = x1 + inp, x3 = x2 + inp;
-      for (let k = 0; k < inp; k++) dw[wo + k] += g0 * xd[x0 + k] + g1 * xd[x1 + k] + g2 * xd[x2 + k] + g3 * xd[x3 + k];
+      for (let k = 0; k < inp; k++) {
+        const p0 = xd[x0 + k], p1 = xd[x1 + k], p2 = xd[x2 + k], p3 = xd[x3 + k];
+        dw[wa + k] += g0 * p0 + g1 * p1 + g2 * p2 + g3 * p3;
+        dw[wb + k] += h0 * p0 + h1 * p1 + h2 * p2 + h3 * p3;
+      }
     }
     for (; r < n; r++) {
+      const g = dy[r * out + o], h = dy[r * out + o + 1];
+      if (g === 0 && h === 0) continue;
+      const xr = r * inp;
+      for (let k = 0; k < inp; k++) {
+        dw[wa + k] += g * xd[xr + k];
+        dw[wb + k] += h * xd[xr + k];
+      }
+    }
+  }
+  for (; o < out; o++) {
+    const wo = o * inp;
+    for (let r = 0; r < n; r++) {
       const g = dy[r * out + o];
       if (g === 0) continue;
       const xr = r * inp;
@@ -177,7 +222,7 @@ function linearBackward(tape, x, weight, bias, y) {
   }
   if (bias) {
     const db = tape.weightGrad(bias);
-    for (let r = 0; r < n; r++) for (let o = 0; o < out; o++) db[o] += dy[r * out + o];
+    for (let r = 0; r < n; r++) for (let c = 0; c < out; c++) db[c] += dy[r * out + c];
   }
 }
 
