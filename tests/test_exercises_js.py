@@ -195,3 +195,11 @@ def test_a_planted_bug_in_the_page_turns_the_comparison_red(tmp_path):
     worst = max(float(np.max(np.abs(table(js["key"][p]) - run(sheet)[p]))) if "error" not in js else math.inf
                 for p in sheet.asked)
     assert worst > 1e-3
+
+
+def test_an_empty_hand_in_is_empty_in_the_page_as_in_python(tmp_path):
+    """No cell filled never passes: the page says "empty", as `exercise check` does (not "right")."""
+    sheet = new_sheet("attention", 0)
+    (js,) = run_js(tmp_path, [case("check", "attention", {}, 0, answers={})])
+    assert js["verdict"] == "empty" and js["cells"] == [] and js["bugs"] == []
+    assert python_report(sheet, {})["verdict"] == "empty"

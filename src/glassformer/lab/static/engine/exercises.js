@@ -13,7 +13,7 @@
 //       kind "attention" | "block"; sheet = {kind, seed, doc (exercise.json), decimals, asked, audit, ...}
 //   exerciseKey(sheet)                       -> {path: table} every cell of the lesson's computation
 //   parseExerciseAnswers(doc, sheet)         -> {path: table} the filled cells of a trace-output document
-//   checkExercise(sheet, own)                -> {verdict, bugs, cells: [{path, verdict, bug, off}]}
+//   checkExercise(sheet, own)                -> {verdict: right|wrong|empty, bugs, cells: [{path, verdict, bug, off}]}
 //   runExerciseWithBug(sheet, id)            -> {path: table} as a student with that bug computes
 //   EXERCISE_BUGS                            the library: [{id, readings, claim, en, zh, source, needs}]
 
@@ -683,5 +683,7 @@ export function checkExercise(sheet, own) {
   for (const v of verdicts) {
     if (named.has(v.path)) { v.bug = named.get(v.path); if (!names.includes(v.bug)) names.push(v.bug); }
   }
-  return { verdict: verdicts.every((c) => c.verdict === "right") ? "right" : "wrong", bugs: names, cells: verdicts };
+  // an empty hand-in never passes (check.py's Report.verdict): "empty", not "right"
+  const verdict = !verdicts.length ? "empty" : verdicts.every((c) => c.verdict === "right") ? "right" : "wrong";
+  return { verdict, bugs: names, cells: verdicts };
 }
