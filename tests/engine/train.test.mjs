@@ -114,3 +114,55 @@ test("central differences agree with the backward on a fresh pre-norm model with
   }
   assert.ok(checked > 30);
 });
+
+test("attribution on a toy: completeness within the tolerance at auto, bad options named", () => {
+  const t = new engine.Trainer({ task: "reverse", seed: 4, d_model: 16, heads: 2, d_ff: 16, batch: 8 });
+  for (let i = 0; i < 20; i++) t.step();
+  const pair = t.encodePair(t.heldOut[0]);
+  const sentence = { srcIds: pair.src, tgtInIds: pair.tgtIn, targetIds: pair.labels, sourceUnits: t.heldOut[0][0],
+    targetTokens: pair.labels.map((id) => `▁${t.vocab.target[id]}`) };
+  const report = engine.attributeReport(t.model, sentence, { tolerance: 0.001 });
+  assert.equal(report.rows.length, pair.labels.length);
+  for (const row of report.rows) {
+    assert.ok(row.error <= 0.001 || report.integration.unconverged.includes(row.token), JSON.stringify(row));
+    assert.ok(Math.abs(row.sum - row.delta) <= 0.001 * Math.max(Math.abs(row.delta), 0.01) || row.error > 0.001);
+    assert.equal(row.prefix.length, row.position + 1);
+  }
+  assert.ok(report.rows.some((row) => row.steps > 16));                  // the doubling ran
+  const bad = [
+    [{ method: "integrated-gradients", steps: 300 }, "steps", /MAX_IG_STEPS/],
+    [{ tolerance: 2 }, "tolerance", /between 0 and 1/],
+    [{ rule: "simpson" }, "rule", /trapezoid, gauss-legendre/],
+    [{ method: "gradient" }, "method", /saliency/],
+  ];
+  for (const [opts, field, message] of bad) {
+    assert.throws(() => engine.attributeReport(t.model, sentence, opts), (e) => e.field === field && message.test(e.message),
+      JSON.stringify(opts));
+  }
+  assert.throws(() => engine.attributeReport(t.model, { ...sentence, contrast: "a", contrastToken: 4 }, { method: "attention" }),
+    (e) => e.field === "contrast");
+});
+
+test("integrated gradients at one trapezoid step: half the gradient at the baseline, half at the input", () => {
+  const t = new engine.Trainer({ task: "copy", seed: 6, d_model: 16, heads: 2, d_ff: 16, batch: 8 });
+  for (let i = 0; i < 10; i++) t.step();
+  const { src, tgtIn, labels } = t.encodePair(t.heldOut[1]);
+  const row = 2, token = labels[row], d = t.config.d_model;
+  const out = engine.attribution(t.model, src, tgtIn, [row], [token], { method: "integrated-gradients", steps: 1 });
+  const { probes } = t.model.forward(src, tgtIn, { record: ["encoder.embedding", "decoder.embedding"] });
+  const x = [probes.get("encoder.embedding"), probes.get("decoder.embedding")];
+  const b = x.map((m) => engine.matrix(m.rows, d, t.model.sinusoidal.data.slice(0, m.rows * d)));   // position-only
+  const at = (e) => engine.gradients(t.model, src, tgtIn, { row, token }, { embeddings: { src: e[0], tgt: e[1] }, weights: false });
+  const g0 = at(b), g1 = at(x);
+  [[0, "srcEmbedding", out.source[0]], [1, "tgtEmbedding", out.prefix[0]]].forEach(([k, name, scores]) => {
+    for (let i = 0; i < x[k].rows; i++) {
+      let s = 0;
+      for (let c = 0; c < d; c++) {
+        const at = i * d + c;
+        s += (x[k].data[at] - b[k].data[at]) * (0.5 * g0[name].data[at] + 0.5 * g1[name].data[at]);
+      }
+      assert.ok(Math.abs(s - scores[i]) <= 1e-12 * Math.max(1, Math.abs(s)), `${name}[${i}]: ${scores[i]} vs ${s}`);
+    }
+  });
+  assert.ok(out.prefix[0].slice(row + 1).every((v) => v === 0));          // inputs after the row: exactly 0
+});

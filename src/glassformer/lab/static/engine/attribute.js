@@ -43,7 +43,7 @@ export function checkSteps(steps, field = "steps") {
   if (!Number.isInteger(steps)) throw usage(field, `expected an integer number of steps or 'auto', got ${JSON.stringify(steps)}`);
   if (steps < 1) throw usage(field, `expected at least 1 step, got ${steps}`);
   if (steps > ATTRIBUTION_LIMITS.MAX_IG_STEPS) {
-    throw usage(field, `integrated-gradients steps ${steps} is over the limit MAX_IG_STEPS = ${ATTRIBUTION_LIMITS.MAX_IG_STEPS}`);
+    throw usage(field, `integrated-gradients steps is ${steps}; the limit is ${ATTRIBUTION_LIMITS.MAX_IG_STEPS} (MAX_IG_STEPS)`);
   }
 }
 
@@ -65,8 +65,8 @@ function checkPasses(rows, steps, rule) {
   const first = steps === AUTO_STEPS ? START_STEPS : steps;
   const passes = rows * passesPerRow(rule, first);
   if (passes > ATTRIBUTION_LIMITS.MAX_ATTRIBUTION_PASSES) {
-    throw usage("steps", `rows × integrated-gradients passes ${passes} is over the limit MAX_ATTRIBUTION_PASSES = ` +
-                `${ATTRIBUTION_LIMITS.MAX_ATTRIBUTION_PASSES}`);
+    throw usage("steps", `rows × integrated-gradients passes is ${passes}; the limit is ` +
+                `${ATTRIBUTION_LIMITS.MAX_ATTRIBUTION_PASSES} (MAX_ATTRIBUTION_PASSES)`);
   }
 }
 
@@ -386,7 +386,7 @@ export function* attributeReportScan(model, sentence, opts = {}) {
   const n = targetIds.length;
   if (integrating) checkPasses(n, steps, rule);
   else if (n > ATTRIBUTION_LIMITS.MAX_ATTRIBUTION_PASSES) {
-    throw usage("steps", `rows × passes ${n} is over the limit MAX_ATTRIBUTION_PASSES = ${ATTRIBUTION_LIMITS.MAX_ATTRIBUTION_PASSES}`);
+    throw usage("steps", `rows × passes is ${n}; the limit is ${ATTRIBUTION_LIMITS.MAX_ATTRIBUTION_PASSES} (MAX_ATTRIBUTION_PASSES)`);
   }
   const groups = wordGroups(targetTokens);
   const firsts = new Set(groups.map((g) => g[0]));

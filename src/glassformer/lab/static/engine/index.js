@@ -72,6 +72,50 @@
 //        {reading, row, steps: [{layer, sublayer, name, p, p_contrast}], p_model, p_contrast_model}
 //   altiPlus(model, srcIds, tgtInIds) -> Matrix (T, S + T): ALTI+ shares of interpret/alti.py, rows sum to 1
 //
+// attribute.js  (glassformer attribute --json, interpret/why.py, attribution.py, integrated.py, attribution_patching.py)
+//   attributionTarget(model, srcIds, outIds | null, {off}) -> {tgtInIds, targetIds, mode, finished, outIds}
+//        the rows of `glassformer attribute`: teacher-forced outIds (target ids without BOS/EOS; EOS is the last
+//        row's label), or null: the greedy output fed back (unfinished: no EOS row)
+//   targetPieces(model, idToToken, ids) -> the piece of each id as the CLI names it ("▁gave", "</s>", "<s>")
+//   attributeReportScan(model, sentence, opts)  a generator: yields {done, total} after each forward-backward pass
+//        and returns the object `glassformer attribute --json` prints: {method, contrast, integration, rows}
+//        (rows by word: position, token, source [[unit, score]], prefix [[word, score]], sum, delta, error,
+//        steps, passes, source_share — the same names, order and numbers as the CLI's)
+//        sentence: {srcIds, tgtInIds, targetIds, sourceUnits, targetTokens (targetPieces), contrast (the word
+//          or null), contrastToken (its id), decode (ids -> text: the target tokenizer's, for the word names)}
+//        opts: {method: "integrated-gradients" (default) | "input-x-gradient" | "saliency" | "attention" |
+//          "alti", steps: "auto" (default) | 1..256, rule: "trapezoid" | "gauss-legendre", tolerance: 0.01, off}
+//   attributeReport(model, sentence, {..., onProgress})    the same, run to its end
+//   attributionRows(model, srcIds, tgtInIds, rows, tokens, opts)  a generator over piece rows: returns
+//        {method, source: Float64Array (S,)[], prefix: Float64Array (T,)[], value, baseline, error, steps,
+//        passes}; opts.contrast: an id for every row or one per row (< 0: none); opts.group: auto's words
+//   attribution(...same)   run to its end
+//   attributionPatchingScan(model, cleanIds, corruptIds, tgtInIds, row, token, {positions})  a generator (three
+//        passes) returning patchingTable's fields, each cell estimated from one backward pass (POST /api/patch,
+//        method "attribution"); attributionPatching(...) runs it to its end
+//   A bad option throws an Error whose .field names it (steps, rule, tolerance, method, contrast, row).
+//
+// train.js  (pure computation: no timer, no DOM; a worker and Node run it alike)
+//   TASKS {copy, reverse, sort, grammar}: one line each; TRAIN_DEFAULTS: every option with its default;
+//   TRAIN_LIMITS: the named limits (MAX_TOY_D_MODEL 128, MAX_TOY_LAYERS 4, MAX_TOY_BATCH 64, MAX_TOY_LENGTH 24, ...)
+//   checkTrainOptions(opts) -> the options completed, or throws Error (one line, .field) naming the field and limit
+//   new Trainer(opts): the toy vocabularies, held-out and validation sequences (drawn first, never trained on),
+//        weights from the seed (the same seed: the same run, step for step)
+//     .model (an engine Transformer over the live weights), .config (ModelConfig dict), .vocab {source, target}
+//        (index = id, specials first), .tensors Map state_dict name -> {shape, data} (a tied head stored once),
+//        .options, .heldOut / .validationSet ([source words, target words] pairs)
+//     .step() -> {step, loss, batch: {source, targetIn, targetOut, predicted}} (words; predicted: the argmax at
+//        every position of the one teacher-forced pass)
+//     .losses, .stepCount, .learningRate(t)
+//     .evaluate(limit) -> exact-match rate of greedy outputs on the held-out sequences
+//     .solvedShare(pairs) -> the same rate from one teacher-forced pass a sequence (a sequence whose every argmax
+//        is right is what greedy writes); .validate() on the validation set
+//     .example(i) -> {source, target, greedy, teacherForced, cross_attention (target row x source position, the
+//        last decoder layer, mean over heads)}
+//   trainUntilDone(trainer, {now, onProgress, shouldStop}) / runTraining(opts, clock) -> {steps, seconds, loss,
+//        accuracy, validation, example: {source, target, cross_attention}}  (window.glassformer.train's answer)
+//   trainStep, batchGradients, Adam, learningRate, clipGradients, initialWeights, seededRandom: the pieces
+//
 // trace.js  (trace spec v1, as lesson/spec.py and lesson/reference.py: nested arrays in, the same JSON out)
 //   runTrace(doc) -> {version: 1, kind, ...}   masked scaled scores are null; throws Error("field: ...")
 //   blockSpec(norm = "post"), exerciseSpec(scale = false)     the lesson's BLOCK and 2x3 exercise documents

@@ -32,16 +32,16 @@ export const TRAIN_DEFAULTS = {
   d_model: 32, heads: 4, d_ff: 128, encoder_layers: 1, decoder_layers: 1,
   norm_placement: "post",              // "post" | "pre"
   positions: "sinusoidal",             // "sinusoidal" | "learned" | "relative" | "rope" | "none"
-  lr: 0.003,                           // Adam's learning rate after the warm-up
-  warmup: 100,                         // steps of linear warm-up from lr / warmup
-  schedule: "constant",                // after the warm-up: "constant" | "inverse-sqrt" (lr sqrt(warmup / step))
-  label_smoothing: 0.0,
+  lr: 0.004,                           // Adam's learning rate at the end of the warm-up
+  warmup: 50,                          // steps of linear warm-up from lr / warmup
+  schedule: "inverse-sqrt",            // after the warm-up: "inverse-sqrt" (lr sqrt(warmup / step)) | "constant"
+  label_smoothing: 0.1,
   clip: 1.0,                           // the gradient's norm is clipped to this (0: off), as training/loop.py
   batch: 32,                           // sequences per step
   min_length: 6, max_length: 10,       // source lengths (copy, reverse, sort)
   symbols: 12,                         // the alphabet (copy, reverse, sort): a, b, c, ...
   held_out: 200,                       // held-out sequences: the accuracy
-  validation: 100,                     // validation sequences: the early stop (every eval_every steps)
+  validation: 400,                     // validation sequences: the early stop (every eval_every steps)
   eval_every: 50,
   steps: 20000,                        // a run stops at whichever comes first: steps,
   seconds: 55,                         // seconds,
@@ -52,7 +52,7 @@ const CHOICES = {
   task: ["copy", "reverse", "sort", "grammar"],
   norm_placement: ["post", "pre"],
   positions: ["sinusoidal", "learned", "relative", "rope", "none"],
-  schedule: ["constant", "inverse-sqrt"],
+  schedule: ["inverse-sqrt", "constant"],
 };
 
 // [field, lowest, highest, whole number?]
