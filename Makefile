@@ -74,7 +74,10 @@ bench: $(STAMP) $(TATOEBA)
 # glassformer, CTranslate2 and Marian at each precision on HSK test + Tatoeba held-out. $(MODEL) is trained
 # first when it is absent or unfinished (make demo's recipe). e.g. `make race RACE_ARGS=--quick`; every system runs
 # under OpenMP's default wait policy (`RACE_ARGS="--omp-wait-policy PASSIVE"` on a machine busy with other work).
+# Then the race at the command's level (benchmarks/command.py): `glassformer translate` on a file against
+# CTranslate2 with its tokenizers, start-up apart, each at its best layouts (e.g. COMMAND_ARGS="--repeat 4").
 RACE_ARGS ?=
+COMMAND_ARGS ?=
 EXPORTS := $(MODEL)-exports
 race: $(STAMP) $(TATOEBA)
 	$(PY) -m pip install --quiet -e ".[test,bench]"
@@ -84,9 +87,10 @@ race: $(STAMP) $(TATOEBA)
 	$(GF) export --model $(MODEL) --to ctranslate2 --out $(EXPORTS)/ctranslate2
 	$(GF) export --model $(MODEL) --to transformers --out $(EXPORTS)/transformers
 	$(PY) -m benchmarks.race --run $(MODEL) --ct2 $(EXPORTS)/ctranslate2 --hf $(EXPORTS)/transformers --compiled $(RACE_ARGS)
+	$(PY) -m benchmarks.command --run $(MODEL) --ct2 $(EXPORTS)/ctranslate2 $(COMMAND_ARGS)
 
 race-quick:
-	$(MAKE) race RACE_ARGS=--quick
+	$(MAKE) race RACE_ARGS=--quick COMMAND_ARGS="--cases greedy-b32 --rounds 1"
 
 bench-quick: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[test,bench]"

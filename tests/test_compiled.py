@@ -166,6 +166,7 @@ def test_auto_loads_the_packages_built_before_and_decodes_the_other_shapes_eager
     model, src, search = tiny(), sources(batch=3), Greedy(scores=False)
     notes: list[str] = []
     decoder = CompiledDecoder(model, step, tmp_path, notes.append, threads=1, steps=steps)
+    decoder.per_call = {"few": 8, "many": 4}                                 # greedy in blocks
     decoder.build, there, loaded = False, {"source-few"}, []                 # as if built before
     monkeypatch.setattr(decoder, "_found", lambda kind, search: tmp_path / f"{kind}.pt2" if kind in there else None)
     source = compiler.Source(decoder.fast)
@@ -177,6 +178,7 @@ def test_auto_loads_the_packages_built_before_and_decodes_the_other_shapes_eager
     assert notes[0].startswith("--compile auto: the step for beam 1 (a few rows) not built") and "eagerly" in notes[0]
     assert decoder.k[("greedy", 4)] == 1                                     # its block not built: a step a call
     fresh = CompiledDecoder(model, step, tmp_path, threads=1, steps=steps)
+    fresh.per_call = decoder.per_call
     monkeypatch.setattr(fresh, "_found", lambda kind, search: tmp_path / f"{kind}.pt2" if kind in there else None)
     there.add("greedy-few-k8")
     assert fresh.built(search) and not fresh.built(Greedy()) and not fresh.built(BeamSearch(2))

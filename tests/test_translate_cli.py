@@ -331,21 +331,39 @@ def test_compile_cache_that_is_not_a_folder_is_one_line_exit_2(model_dir, tmp_pa
 
 
 @pytest.mark.slow
-def test_compiled_translation_prints_the_eager_lines(model_dir, tmp_path, capsys, monkeypatch):
+def test_compiled_translation_prints_the_eager_lines(model_dir, shared_packages, capsys, monkeypatch):
     """--compile on gives the lines of --compile off and says on stderr that it builds the step, and in how
-    long; a second run loads the package and says nothing."""
+    long; a second run loads the packages and says nothing, and so does --compile auto (which loads them: not eager);
+    auto on a job of another shape loads the packages there are and decodes the others' parts eagerly, one line
+    naming each, building nothing. Packages for one thread, in the session's folder (as --workers' are)."""
+    from glassformer.decoding import translator
     from glassformer.inference import compiler
 
     if compiler.cxx_compiler() is None:
         pytest.skip("needs a C++ compiler")
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.environ.get("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "c")))
+    monkeypatch.setattr(translator, "usable_cores", lambda: 1)
+    folder = ["--compile-cache", str(shared_packages)]
     args = ["translate", "--model", str(model_dir), "--batch-size", "1", *SENTENCES]
     code, eager, _ = _run(capsys, monkeypatch, [*args, "--compile", "off"])
-    code, out, err = _run(capsys, monkeypatch, [*args, "--compile", "on", "--compile-cache", str(tmp_path / "c")])
+    code, out, err = _run(capsys, monkeypatch, [*args, "--compile", "on", *folder])
     assert code == 0 and out == eager
     assert "--compile: building" in err and "built in" in err and "Traceback" not in err
-    code, again, err = _run(capsys, monkeypatch, [*args, "--compile", "on", "--compile-cache", str(tmp_path / "c")])
+    code, again, err = _run(capsys, monkeypatch, [*args, "--compile", "on", *folder])
     assert code == 0 and again == eager and err == ""
+    loads, load = [], compiler._load
+    monkeypatch.setattr(compiler, "_load", lambda path, packs: loads.append(path.name) or load(path, packs))
+    code, again, err = _run(capsys, monkeypatch, [*args, "--compile", "auto", *folder])
+    assert code == 0 and again == eager and err == "" and len(loads) == 2, loads   # the source side and the step
+    many = ["translate", "--model", str(model_dir), "--batch-size", "8", *SENTENCES, "你好", "我很好。"]
+    code, lines, _ = _run(capsys, monkeypatch, [*many, "--compile", "off"])
+    monkeypatch.setattr(torch.export, "export", lambda *a, **k: pytest.fail("traced"))
+    code, out, err = _run(capsys, monkeypatch, [*many, "--compile", "auto", *folder])
+    assert code == 0 and out == lines and "building" not in err and "Traceback" not in err
+    notes = err.splitlines()                                                # the many-row source side and step
+    assert len(notes) == 2 and all(n.endswith("not built (--compile on builds it); decoding it eagerly")
+                                   for n in notes), err
+    assert notes[0].startswith("glassformer: --compile auto: the source side not built")
+    assert notes[1].startswith("glassformer: --compile auto: the step for beam 1")
 
 
 @pytest.mark.slow
@@ -467,7 +485,7 @@ def test_workers_keep_the_commands_warnings_filters(model_dir, capfd):
 
 
 @pytest.mark.slow
-def test_compiled_workers_leave_no_unpacked_package_behind(model_dir, tmp_path):
+def test_compiled_workers_leave_no_unpacked_package_behind(model_dir, shared_packages, tmp_path):
     """Each loaded package is unpacked by torch's C++ loader into a folder of the temporary directory, removed only
     when the loader is destroyed. A process that starts compiled workers and exits without `close()` (as the
     translate command does) closes them at its exit, and each lets go of its packages: no folder is left (they
@@ -482,7 +500,7 @@ def test_compiled_workers_leave_no_unpacked_package_behind(model_dir, tmp_path):
             "t = Translator.load(sys.argv[1]); t.batch_size, t.workers, t.compile = 1, 2, 'on'; "
             "t.compile_cache = sys.argv[2]; print(len(t.translate(sys.argv[3:]))); "
             "print(sum(p.startswith('aotinductor_') for p in os.listdir(os.environ['TMPDIR'])))")
-    done = subprocess.run([sys.executable, "-c", code, str(model_dir), str(tmp_path / "c"), *SENTENCES, "你好"],
+    done = subprocess.run([sys.executable, "-c", code, str(model_dir), str(shared_packages), *SENTENCES, "你好"],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "TMPDIR": str(temp)})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[:2] == ["4", "4"]           # while the workers held them: 2 packages each

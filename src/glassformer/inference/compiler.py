@@ -39,7 +39,7 @@ MAX_LEN = 512                  # longer max_len: decoded eagerly
 WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}   # compiled: weights
 MAX_ROWS, FEW_ROWS = 1 << 14, 4   # rows a package accepts (sentences x beam); a "-few" package: at most 4
 PACKED_ROWS = (8, 16, 32, 64)     # greedy's many-row steps on MKL's packs: a package for each of these row counts
-STEPS = {"few": 8, "many": 4}     # greedy's steps a call (a block, search.py `steps`) at a few rows / many: measured
+STEPS = {"few": 1, "many": 1}     # greedy's steps a call (search.py `steps`) at a few rows / many: benchmarks/kstep.py
 TYPICAL = {"slots": 32, "source": 12, "positions": 47, "limit": 34}   # a batch's sizes: a many-row step's build
 FROZEN = {"freezing": True}     # weights frozen: products on oneDNN's blocked copy (MKL where faster: `prepacks`)
 UNFROZEN = {"freezing": False}  # weights as the graph's parameters: every product an MKL addmm, nothing packed
@@ -179,11 +179,11 @@ class CompiledDecoder:
         """A step's package over `rows` rows ("-k<k>": k a call), the rows it is traced for (None: any): greedy's
         few-row one, greedy's at each of PACKED_ROWS on MKL's packs (traced for that count), else the search's."""
         block = f"-k{k}" if k > 1 else ""
+        if search.beam == 1 and rows in PACKED_ROWS and MKL and not self.narrow \
+                and (k > 1 or not prepacks(self.model, self.threads, self.folder)):   # a block: one W for k steps
+            return f"{search.kind}-{rows}{block}", rows
         if search.beam == 1 and rows <= FEW_ROWS:
             return f"{search.kind}-few{block}", None
-        if search.beam == 1 and rows in PACKED_ROWS and MKL and not self.narrow \
-                and not prepacks(self.model, self.threads, self.folder):
-            return f"{search.kind}-{rows}{block}", rows
         return search.kind + block, None
 
     def _part(self, kind: str | tuple, search, inputs: list) -> Callable:
@@ -209,8 +209,8 @@ class CompiledDecoder:
                     self.notes(f"--compile auto: {what} not built (--compile on builds it); decoding it eagerly")
                 return None if k > 1 else lambda flat: module(*flat)
             if path is None:                                         # the products' route asked only to build
-                configs = self._configs(kind, self.narrow or few and kind != "source-few" or prepacks(
-                    self.model, self.threads, self.folder))
+                configs = self._configs(kind, k == 1 and (self.narrow or few and kind != "source-few" or prepacks(
+                    self.model, self.threads, self.folder)))   # a block unfrozen: frozen, each step packs its own W
                 example, dynamic = _shapes(inputs, beam, self.model.cfg.max_len, few, rows)
                 with torch.no_grad(), packs_left_out(module):
                     program = torch.export.export(module, example, dynamic_shapes=dynamic)
