@@ -166,3 +166,9 @@ test("integrated gradients at one trapezoid step: half the gradient at the basel
   });
   assert.ok(out.prefix[0].slice(row + 1).every((v) => v === 0));          // inputs after the row: exactly 0
 });
+
+test("held-out and validation sets that would leave too little to train on are refused", () => {
+  assert.throws(() => new engine.Trainer({ task: "copy", symbols: 2, min_length: 3, max_length: 4, held_out: 10, validation: 10 }),
+    (e) => e.field === "held_out" && /24 distinct sequences/.test(e.message));
+  assert.ok(new engine.Trainer({ task: "copy", symbols: 2, min_length: 5, max_length: 6, held_out: 20, validation: 20, d_model: 8, heads: 2, d_ff: 8 }));
+});

@@ -19,14 +19,22 @@
 // ---- matrices ----------------------------------------------------------------------------------------
 
 export function matrix(rows, cols, data = new Float64Array(rows * cols)) {
-  return { rows, cols, data, grad: null, tape: null };   // grad: dL/d(this value), for the tape that set it
+  return { rows, cols, data };
 }
 
 export function copyMatrix(m) {
   return matrix(m.rows, m.cols, Float64Array.from(m.data));
 }
 
+// A new (rows, cols) Matrix of zeros; on a tape, carved out of the tape's own memory (a pass allocates a few
+// large blocks instead of hundreds of small arrays)
+function valueMatrix(rows, cols, tape) {
+  return matrix(rows, cols, tape ? tape.alloc(rows * cols) : new Float64Array(rows * cols));
+}
+
 // ---- the tape (reverse mode) -------------------------------------------------------------------------
+
+const BLOCK = 1 << 15;                   // numbers in one block of a tape's memory (256 KiB)
 
 // The ops of one forward pass, in order, and the gradients they fill: dL/d(value) of every Matrix that
 // took part (`grad(m)`), and dL/d(weight) of every weight tensor {shape, data} (`weightGrad(t)`, only
@@ -36,27 +44,40 @@ export class Tape {
   constructor({ weights = true, weightGrads = new Map() } = {}) {
     this.ops = [];                       // backward closures, in forward order
     this.weights = weights;
-    this.touched = [];                   // the Matrices whose .grad this tape set
+    this.grads = new Map();              // Matrix -> Float64Array: dL/d(that value)
     this.weightGrads = weightGrads;      // weight tensor -> Float64Array (a tied tensor is one key: it adds)
+    this.block = null;                   // the memory the pass's values and gradients are carved from
+    this.used = 0;
+  }
+
+  // n zeros of this pass's memory (blocks of BLOCK numbers; a large request gets an array of its own)
+  alloc(n) {
+    if (n > BLOCK / 4) return new Float64Array(n);
+    if (!this.block || this.used + n > BLOCK) {
+      this.block = new Float64Array(BLOCK);
+      this.used = 0;
+    }
+    this.used += n;
+    return this.block.subarray(this.used - n, this.used);
   }
 
   push(backward) {
     this.ops.push(backward);
   }
 
-  // dL/dm (kept on the Matrix as m.grad), created as zeros on first use
+  // dL/dm, created as zeros on first use
   grad(m) {
-    if (m.tape !== this || !m.grad) {
-      m.grad = new Float64Array(m.data.length);
-      m.tape = this;
-      this.touched.push(m);
+    let g = this.grads.get(m);
+    if (!g) {
+      g = this.alloc(m.data.length);
+      this.grads.set(m, g);
     }
-    return m.grad;
+    return g;
   }
 
   // dL/dm when anything reached m, else null (an op whose output got no gradient is skipped)
   gradIf(m) {
-    return m.tape === this ? m.grad : null;
+    return this.grads.get(m) || null;
   }
 
   // dL/dW of a weight tensor. Tied matrices (the target embedding and the vocabulary head; shared source and
@@ -78,7 +99,7 @@ export class Tape {
 
   // every gradient back to zero (a second backward over the same forward: another row, another objective)
   zero() {
-    for (const m of this.touched) m.grad.fill(0);
+    for (const g of this.grads.values()) g.fill(0);
     for (const g of this.weightGrads.values()) g.fill(0);
   }
 }
@@ -89,7 +110,7 @@ export class Tape {
 export function linear(x, weight, bias, tape) {
   const [out, inp] = weight.shape;
   if (x.cols !== inp) throw new Error(`linear: input has ${x.cols} columns, the weight expects ${inp}`);
-  const n = x.rows, y = matrix(n, out);
+  const n = x.rows, y = valueMatrix(n, out, tape);
   const w = weight.data, xd = x.data, yd = y.data;
   const b = bias ? bias.data : null;
   let i = 0;
@@ -228,7 +249,7 @@ function linearBackward(tape, x, weight, bias, y) {
 
 // a + b:    da += dy,  db += dy (the residual path carries the gradient past the sub-layer unchanged)
 export function addMatrices(a, b, tape) {
-  const out = matrix(a.rows, a.cols);
+  const out = valueMatrix(a.rows, a.cols, tape);
   for (let i = 0; i < out.data.length; i++) out.data[i] = a.data[i] + b.data[i];
   if (tape) {
     tape.push(() => {
@@ -246,10 +267,10 @@ export function addMatrices(a, b, tape) {
 
 // LayerNorm over the d features of each row: gamma * (x - mean) / sqrt(var + eps) + beta (population variance)
 export function layerNormRows(x, norm, eps, tape) {
-  const d = x.cols, y = matrix(x.rows, d);
+  const d = x.cols, y = valueMatrix(x.rows, d, tape);
   const gamma = norm.weight.data, beta = norm.bias.data;
-  const xhat = tape ? new Float64Array(x.data.length) : null;          // kept for the backward
-  const rstd = tape ? new Float64Array(x.rows) : null;
+  const xhat = tape ? tape.alloc(x.data.length) : null;          // kept for the backward
+  const rstd = tape ? tape.alloc(x.rows) : null;
   for (let i = 0; i < x.rows; i++) {
     const row = x.data.subarray(i * d, (i + 1) * d);
     let mean = 0;
@@ -321,8 +342,8 @@ export function sinusoidalPositions(n, d, layout = "interleaved") {
 
 // RoPE: rotate each pair (2r, 2r+1) of a head's q or k row at absolute position p by p * base^(-2r/d_k)
 export function rotate(x, firstPosition, base, tape) {
-  const dk = x.cols, out = matrix(x.rows, dk);
-  const cos = tape ? new Float64Array(x.rows * (dk / 2)) : null, sin = tape ? new Float64Array(cos.length) : null;
+  const dk = x.cols, out = valueMatrix(x.rows, dk, tape);
+  const cos = tape ? tape.alloc(x.rows * (dk / 2)) : null, sin = tape ? tape.alloc(cos.length) : null;
   for (let i = 0; i < x.rows; i++) {
     const p = firstPosition + i;
     for (let r = 0; r < dk / 2; r++) {
@@ -476,7 +497,7 @@ export class ProbeContext {
 
 // head h's columns h*width .. (h+1)*width of x (rows, H width) -> (rows, width);  backward: dx[:, head h] += dy
 function headColumns(x, h, width, tape) {
-  const out = matrix(x.rows, width);
+  const out = valueMatrix(x.rows, width, tape);
   for (let i = 0; i < x.rows; i++) {
     for (let c = 0; c < width; c++) out.data[i * width + c] = x.data[i * x.cols + h * width + c];
   }
@@ -496,7 +517,7 @@ function headColumns(x, h, width, tape) {
 // scores = q k^T (query, key);   backward: dq += dscores k,   dk += dscores^T q
 function queryKeyScores(q, k, tape) {
   const n = q.rows, m = k.rows, dk = q.cols;
-  const scores = matrix(n, m);
+  const scores = valueMatrix(n, m, tape);
   for (let i = 0; i < n; i++) {
     for (let j = 0; j < m; j++) {
       let sum = 0;
@@ -528,7 +549,7 @@ function queryKeyScores(q, k, tape) {
 // backward: dscores = dscaled / sqrt(d_k),  dbias += dscaled  (a masked entry gets nothing: its weight is 0)
 function scaleAndMask(scores, scale, root, bias, visible, tape) {
   const n = scores.rows, m = scores.cols;
-  const scaled = matrix(n, m);
+  const scaled = valueMatrix(n, m, tape);
   for (let i = 0; i < n * m; i++) {
     let s = scale ? scores.data[i] / root : scores.data[i];
     if (bias) s += bias.data[i];                                         // relative bias b_{i-j}
@@ -551,7 +572,7 @@ function scaleAndMask(scores, scale, root, bias, visible, tape) {
 
 // softmax of each row over its visible keys; a row with none gets zeros (never NaN)
 export function softmaxOverKeys(scaled, visible, tape) {
-  const n = scaled.rows, m = scaled.cols, weights = matrix(n, m);
+  const n = scaled.rows, m = scaled.cols, weights = valueMatrix(n, m, tape);
   for (let i = 0; i < n; i++) {
     let top = -Infinity, seen = false;
     for (let j = 0; j < m; j++) {
@@ -590,7 +611,7 @@ function softmaxBackward(tape, scaled, weights) {
 // out = weights v (query, d_v);   backward: dweights = dout v^T,   dv += weights^T dout
 function weightedValues(weights, v, tape) {
   const n = weights.rows, m = weights.cols, dv = v.cols;
-  const out = matrix(n, dv);                                             // (query, d_v)
+  const out = valueMatrix(n, dv, tape);                                        // (query, d_v)
   for (let i = 0; i < n; i++) {
     for (let j = 0; j < m; j++) {
       const a = weights.data[i * m + j];
@@ -640,7 +661,7 @@ function relativeBias(table, heads, clip, firstQuery, nQuery, nKey, tape) {
   const width = 2 * clip + 1;
   const offsetOf = (i, j) => Math.max(-clip, Math.min(clip, firstQuery + i - j)) + clip;
   return Array.from({ length: heads }, (_, h) => {
-    const b = matrix(nQuery, nKey);
+    const b = valueMatrix(nQuery, nKey, tape);
     for (let i = 0; i < nQuery; i++) {
       for (let j = 0; j < nKey; j++) b.data[i * nKey + j] = table.data[h * width + offsetOf(i, j)];
     }
@@ -661,7 +682,7 @@ function relativeBias(table, heads, clip, firstQuery, nQuery, nKey, tape) {
 // Concat(head outputs) W^O + b^O: (query, H d_v) -> (query, d);  concat's backward: dhead_h = dconcat[:, head h]
 function combineHeads(p, outputs, ctx, prefix) {
   const n = outputs[0].rows, dv = outputs[0].cols, heads = outputs.length, tape = ctx.tape;
-  const joined = matrix(n, heads * dv);
+  const joined = valueMatrix(n, heads * dv, tape);
   outputs.forEach((o, h) => {
     for (let i = 0; i < n; i++) {
       for (let c = 0; c < dv; c++) joined.data[i * heads * dv + h * dv + c] = o.data[i * dv + c];
@@ -742,7 +763,7 @@ const ACTIVATION = {
 
 // act(z) entry by entry;   backward: dz = dy * act'(z)
 function activate(z, act, tape) {
-  const y = matrix(z.rows, z.cols);
+  const y = valueMatrix(z.rows, z.cols, tape);
   for (let i = 0; i < y.data.length; i++) y.data[i] = act.f(z.data[i]);
   if (tape) {
     tape.push(() => {
@@ -992,7 +1013,7 @@ export class Transformer {
       throw new Error(`sequence length ${offset + ids.length} exceeds max_len ${cfg.max_len}`);
     }
     const scale = cfg.scale_embeddings ? Math.sqrt(d) : 1;
-    const x = matrix(ids.length, d);
+    const x = valueMatrix(ids.length, d, tape);
     ids.forEach((id, i) => {
       if (!Number.isInteger(id) || id < 0 || id >= vocab) throw new Error(`token id out of range [0, ${vocab}): ${id}`);
       for (let c = 0; c < d; c++) {
