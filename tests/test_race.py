@@ -203,3 +203,42 @@ def test_every_worker_gets_the_wait_policy_asked_for_not_the_callers(monkeypatch
     args = race.parse(["--run", "r"])
     assert args.omp_wait_policy == "default"
     assert race.parse(["--run", "r", "--omp-wait-policy", "PASSIVE"]).omp_wait_policy == "PASSIVE"
+
+
+def test_the_command_race_sets_each_sides_fastest_against_the_other_round_by_round():
+    """benchmarks/command.py: glassformer's fastest float32 layout over CTranslate2's fastest float32 layout, and
+    the fastest of each over all (int8 included), the ratio taken round by round."""
+    from benchmarks import command
+
+    def row(system, rates):
+        return {"system": system, "rates": rates, "words_per_s": sorted(rates)[len(rates) // 2]}
+    rows = [row("glassformer/float32/workers1", [100, 120, 110]), row("glassformer/float32/workers2", [150, 90, 140]),
+            row("glassformer/int8/workers2", [300, 280, 290]), row("ctranslate2/float32", [50, 60, 55]),
+            row("ctranslate2/float32-inter", [200, 150, 100]), row("ctranslate2/int8-inter", [400, 500, 450])]
+    by = {c["comparison"]: c for c in command._comparisons(rows)}
+    assert (by["float32"]["ours"], by["float32"]["theirs"]) == ("glassformer/float32/workers2",
+                                                                "ctranslate2/float32-inter")
+    assert by["float32"]["speedup"]["median"] == pytest.approx(0.75)          # 150/200, 90/150, 140/100
+    assert (by["best against best"]["ours"], by["best against best"]["theirs"]) == ("glassformer/int8/workers2",
+                                                                                    "ctranslate2/int8-inter")
+    assert by["best against best"]["speedup"]["min"] == pytest.approx(280 / 500)      # round 2
+
+
+def test_the_command_race_runs_what_a_user_runs(tmp_path):
+    """Each system is a command line: glassformer translate with --compile on at each precision and worker count
+    (1 and the threads), CTranslate2's script in both thread layouts."""
+    from benchmarks import command
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"model": {"max_len": 96}}')
+    args = argparse.Namespace(run=str(run), ct2=str(tmp_path), threads=2, dtypes="float32,int8")
+    lines = command.systems(args)
+    assert sorted(lines) == ["ctranslate2/float32", "ctranslate2/float32-inter", "ctranslate2/int8",
+                             "ctranslate2/int8-inter", "glassformer/float32/workers1", "glassformer/float32/workers2",
+                             "glassformer/int8/workers1", "glassformer/int8/workers2"]
+    gf = lines["glassformer/int8/workers2"]
+    assert gf[1:3] == ["translate", "--model"] and gf[gf.index("--compile") + 1] == "on"
+    assert gf[gf.index("--dtype") + 1] == "int8" and gf[gf.index("--workers") + 1] == "2"
+    assert "--inter" in lines["ctranslate2/int8-inter"] and "--inter" not in lines["ctranslate2/int8"]
+    assert lines["ctranslate2/float32"][lines["ctranslate2/float32"].index("--max-positions") + 1] == "96"
