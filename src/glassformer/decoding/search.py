@@ -25,8 +25,7 @@ The rules:
 
 One step costs the loop one look at the host: `Advance.events`, true when a hypothesis finished or a
 sentence is done. Everything else stays in tensors, so one function, `step` (the model's `decode_step`,
-then `Search.advance`), runs as it is or compiled into one graph (inference/compiler.py). Compiled greedy
-without scores runs `steps`, k of them in one graph: one look (the live count) a block of k.
+then `Search.advance`), runs as it is or compiled into one graph (inference/compiler.py); `steps`, k of them.
 """
 
 from __future__ import annotations
@@ -39,34 +38,14 @@ import torch
 from torch import Tensor
 
 from .candidates import best_continuations, most_probable
+from .sizes import SENTENCE_BUCKETS, bucket, output_limits, sentence_limits  # noqa: F401 (search's API)
 
-LENGTH_A, LENGTH_B = 2.0, 10      # output limit: a * source_len + b tokens
 DEFAULT_ALPHA = 1.0               # length penalty exponent (chosen on dev, docs/translator.md)
 STOP_RULES = ("bound", "full", "top")   # when a sentence's beam search is done (module docstring)
 DEFAULT_STOP = "bound"
 
 
-# ---- output limits ------------------------------------------------------------------------
-def output_limits(src_pad: Tensor, model_max_len: int, a: float = LENGTH_A, b: int = LENGTH_B) -> Tensor:
-    """Most tokens each sentence may generate (EOS included): a * source_len + b, at most max_len."""
-    src_len = (~src_pad).sum(dim=1)                                          # (batch,)
-    return torch.clamp((src_len.double() * a).long() + b, max=model_max_len)
-
-
-def sentence_limits(src_pad: Tensor, model_max_len: int, max_len: int | Tensor | None = None) -> Tensor:
-    """Each sentence's output limit (batch,) on the CPU: `output_limits`, or `max_len` (one for all, or one
-    per sentence), always capped by the model's max_len."""
-    if max_len is None:
-        return output_limits(src_pad, model_max_len).cpu()                  # at least min(LENGTH_B, max_len)
-    if isinstance(max_len, int):
-        limits = torch.full((src_pad.size(0),), min(max_len, model_max_len), dtype=torch.long)
-    else:
-        limits = torch.clamp(max_len.long().cpu(), max=model_max_len)
-    if len(limits) != src_pad.size(0) or bool((limits < 1).any()):
-        raise ValueError(f"max_len: expected limits >= 1, one per sentence, got {limits.tolist()}")
-    return limits
-
-
+# ---- scores -------------------------------------------------------------------------------
 def length_normalized(score: float, length: int, alpha: float) -> float:
     """score / length^alpha; length counts generated tokens including EOS."""
     return score / (length ** alpha)
@@ -138,8 +117,7 @@ class Search:
         if C == 1:                                                          # greedy: one candidate; it stays or ends
             ended = ends & valid & live[:, None]                            # the sentence (it has no other beam)
             new_scores = torch.where(stays, best, -math.inf)                # (slots, 1)
-            new = torch.where(live, tokens[:, 0], pad)                      # after a sentence's end: PAD
-            rows = torch.arange(n, device=best.device)
+            new, rows = torch.where(live, tokens[:, 0], pad), torch.arange(n, device=best.device)   # PAD once ended
             history = history.index_copy(1, (length - 1).view(1), new[:, None])
             bound = new_scores[:, 0]                                        # while live, nothing finished to beat
             done = live & ~stays[:, 0]
@@ -225,17 +203,6 @@ class _Finished:
 
 
 # ---- the loop -----------------------------------------------------------------------------
-SENTENCE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)   # live sentences per step, padded up to one of these
-
-
-def bucket(n: int, sizes: tuple[int, ...] = SENTENCE_BUCKETS) -> int:
-    """The smallest size >= n; past the largest, n rounded up to a multiple of it."""
-    for size in sizes:
-        if n <= size:
-            return size
-    return -(-n // sizes[-1]) * sizes[-1]
-
-
 def step(model, search: Search, cache, memory: Tensor | None, src_pad: Tensor, slots: tuple, length: Tensor,
          alpha: Tensor) -> tuple:
     """One step for every row: the model's own `decode_step` through its KV cache, the search's `advance`
@@ -248,20 +215,15 @@ def step(model, search: Search, cache, memory: Tensor | None, src_pad: Tensor, s
     return out
 
 
-def steps(model, search: Search, cache, memory: Tensor | None, src_pad: Tensor, slots: tuple, length: Tensor,
-          alpha: Tensor, k: int) -> tuple:
-    """Greedy's `step` k times in one function (a compiled block, inference/compiler.py), the first making `length`
-    (0-dim) tokens: each step's tokens are the next one's input, a sentence that ended is no longer live (its row
-    writes PAD from then on), the cache's position moves on a step at a time (held at the model's last once every
-    sentence has ended: no row reads it). The slots' tokens, scores, live and history after the k steps, and the
-    live count (0-dim): the one value the loop reads a block."""
-    tokens, scores, limits, live, worst, history = slots
-    first = cache.position
+def steps(model, search: Search, cache, memory, src_pad: Tensor, slots: tuple, length: Tensor, alpha: Tensor, k: int):
+    """Greedy's `step` k times in one graph, the first making `length` tokens: tokens fed back, an ended sentence not
+    live (its row writes PAD), the position held at the last once none is; tokens, scores, live, history, live count."""
+    limits, worst, first = slots[2], slots[4], cache.position
     for i in range(k):
         cache.position = torch.clamp(first + i, max=model.cfg.max_len - 1)
-        slots = (tokens, scores, limits, live, worst, history)
         tokens, _, scores, history, *_, done, _ = step(model, search, cache, memory, src_pad, slots, length + i, alpha)
-        live = live & ~done                                                 # (slots,)
+        slots = (tokens, scores, limits, slots[3] & ~done, worst, history)   # an ended sentence is no longer live
+    tokens, scores, _, live, _, history = slots
     return tokens, scores, live, history, live.sum()
 
 
@@ -295,15 +257,6 @@ class _Run:
         at = torch.tensor(length, device=slots.tokens.device)
         return step(self.model, self.search, self.cache, self.memory, self.src_pad, slots, at, alpha)
 
-    def steps_per_call(self, rows: int) -> int:
-        """k: the steps a call makes at `rows` rows (a compiled greedy block, `steps`), else 1."""
-        return 1 if self.compiled is None else self.compiled.steps_per_call(self.search, rows)
-
-    def block(self, slots: Slots, length: int, alpha: Tensor, k: int) -> tuple | None:
-        """`steps`' k steps, the first making `length` tokens, compiled: tokens, scores, live, history and the live
-        count; None when the block cannot be built (one note; then a step per call)."""
-        return self.compiled.step(self.cache, self.search, slots, length, alpha, self.src_pad, k)
-
     def keep(self, rows: Tensor) -> None:
         """Keep rows `rows` (finished sentences left): the cache, the encoder output and its padding."""
         self.cache.reorder(rows)
@@ -312,8 +265,7 @@ class _Run:
 
 
 def _initial(sentences: int, n_slots: int, K: int, limits: Tensor, bos: int, device, ahead: int = 0) -> Slots:
-    """Slots for `sentences` sentences (their `limits`) padded to `n_slots`: one live beam each (score 0); `ahead`
-    history columns past the longest limit (a block's steps after every sentence ended)."""
+    """Slots for `sentences` sentences (their `limits`) padded to `n_slots`, a live beam each; `ahead` columns more."""
     live = torch.arange(n_slots, device=device) < sentences
     scores = torch.full((n_slots, K), -math.inf, dtype=torch.float64, device=device)
     scores[:sentences, 0] = 0.0
@@ -324,10 +276,8 @@ def _initial(sentences: int, n_slots: int, K: int, limits: Tensor, bos: int, dev
                  history=torch.zeros(n_slots * K, int(limits.max()) + ahead, dtype=torch.long, device=device))
 
 
-def _harvest(ended: Tensor, history: Tensor, limits: Tensor, sentence: list[int], finished: list[_Finished],
-             eos: int) -> None:
-    """After a block (greedy without scores), the hypotheses of the slots `ended` (bool, (slots,)) read from their
-    history: the ids before the first EOS (finished), else all `limit` of them (cut at the limit)."""
+def _harvest(ended: Tensor, history: Tensor, limits: Tensor, sentence: list[int], finished: list, eos: int) -> None:
+    """After a block, greedy hypotheses of the slots `ended` (bool) from history: ids before EOS, or to the limit."""
     slots = ended.nonzero()[:, 0].tolist()
     for slot, ids, limit in zip(slots, history[slots].tolist(), limits[slots].tolist(), strict=True):
         end = ids.index(eos) if eos in ids[:limit] else limit
@@ -405,13 +355,10 @@ def generate(model, src: Tensor, search: Search, src_pad: Tensor | None = None,
     alpha_t = torch.tensor(alpha, dtype=torch.float64, device=src.device)
     length, alive = 0, n
     while True:
-        k = run.steps_per_call(len(sentence))
-        if k > 1:                                                            # a block: k steps, one look
-            block = run.block(slots, length + 1, alpha_t, k)
-            if block is None:                                                # not built: a step per call
-                continue
-            length += k
-            tokens, scores, live, history, count = block
+        k = 1 if compiled is None else compiled.steps_per_call(search, len(sentence))   # > 1: a compiled block
+        block = None if k == 1 else compiled.step(run.cache, search, slots, length + 1, alpha_t, run.src_pad, k)
+        if block is not None:                                                # k steps, one look (None: not built)
+            length, (tokens, scores, live, history, count) = length + k, block
             if int(count) == alive:                                          # no sentence ended in the block
                 slots = Slots(tokens, scores, slots.limits, live, slots.worst, history)
                 continue
@@ -421,8 +368,7 @@ def generate(model, src: Tensor, search: Search, src_pad: Tensor | None = None,
             length += 1                                                      # tokens generated after this step
             advance = Advance(*run.step(slots, length, alpha_t))
             if not advance.events.item():                                    # nothing ended: the beams go on
-                slots = Slots(advance.tokens, advance.scores, slots.limits, slots.live, slots.worst,
-                              advance.history)
+                slots = Slots(advance.tokens, advance.scores, *slots[2:5], advance.history)
                 continue
             worst, done = _finish(advance, slots, length, sentence, finished, cfg.eos_id, alpha, stop, search.scores)
             live = slots.live & ~done
