@@ -172,3 +172,14 @@ test("held-out and validation sets that would leave too little to train on are r
     (e) => e.field === "held_out" && /24 distinct sequences/.test(e.message));
   assert.ok(new engine.Trainer({ task: "copy", symbols: 2, min_length: 5, max_length: 6, held_out: 20, validation: 20, d_model: 8, heads: 2, d_ff: 8 }));
 });
+
+test("the example shown is the first held-out pair of the greatest length", () => {
+  const t = new engine.Trainer({ seed: 3, d_model: 16, heads: 2, d_ff: 16, batch: 4, min_length: 3, max_length: 7 });
+  const longest = Math.max(...t.heldOut.map(([source]) => source.length));
+  assert.equal(longest, 7);
+  assert.equal(t.shown, t.heldOut.findIndex(([source]) => source.length === 7));
+  const ex = t.example();
+  assert.deepEqual(ex.source, t.heldOut[t.shown][0]);
+  assert.equal(ex.cross_attention.length, ex.target.length);
+  assert.ok(ex.cross_attention.every((row) => row.length === ex.source.length));
+});

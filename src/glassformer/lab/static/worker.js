@@ -53,7 +53,7 @@ function snapshot(stepped, evaluate) {
   if (evaluate) {
     const start = now();
     update.accuracy = heldOutAccuracy();
-    update.example = trainer.example(0);
+    update.example = trainer.example();
     lastEvaluation = now();
     evaluationCost = lastEvaluation - start;
   }

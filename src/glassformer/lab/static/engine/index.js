@@ -110,8 +110,8 @@
 //     .evaluate(limit) -> exact-match rate of greedy outputs on the held-out sequences
 //     .solvedShare(pairs) -> the same rate from one teacher-forced pass a sequence (a sequence whose every argmax
 //        is right is what greedy writes); .validate() on the validation set
-//     .example(i) -> {source, target, greedy, teacherForced, cross_attention (target row x source position, the
-//        last decoder layer, mean over heads)}
+//     .example(i = .shown) -> {source, target, greedy, teacherForced, cross_attention (target row x source position,
+//        the last decoder layer, mean over heads)}; .shown: the first held-out pair of the greatest length
 //   trainUntilDone(trainer, {now, onProgress, shouldStop}) / runTraining(opts, clock) -> {steps, seconds, loss,
 //        accuracy, validation, example: {source, target, cross_attention}}  (window.glassformer.train's answer)
 //   trainStep, batchGradients, Adam, learningRate, clipGradients, initialWeights, seededRandom: the pieces

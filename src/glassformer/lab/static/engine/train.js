@@ -406,6 +406,10 @@ export class Trainer {
       this.trainPool = null;
     }
     this.excluded = new Set([...this.heldOut, ...this.validationSet].map(key));
+    // the example shown (and returned by train()): the first held-out pair of the greatest source length, where
+    // the alignment has the most rows to show (one odd row of six is a sixth of a short example's rows)
+    const longest = Math.max(...this.heldOut.map(([source]) => source.length));
+    this.shown = this.heldOut.findIndex(([source]) => source.length === longest);
   }
 
   // a training pair that is in neither set (the grammar draws from its training split)
@@ -472,10 +476,10 @@ export class Trainer {
     return right / set.length;
   }
 
-  // held-out example i: the greedy output, the teacher-forced argmax, and the last decoder layer's
-  // cross-attention (mean over heads): one row per target token (the row whose output it is), one column per
-  // source token
-  example(i = 0) {
+  // held-out example i (default: the one shown, the first of the greatest length): the greedy output, the
+  // teacher-forced argmax, and the last decoder layer's cross-attention (mean over heads): one row per target
+  // token (the row whose output it is), one column per source token
+  example(i = this.shown) {
     const pair = this.heldOut[i % this.heldOut.length], p = this.encodePair(pair);
     const L = this.config.decoder_layers - 1;
     const { logits, probes } = this.model.forward(p.src, p.tgtIn, { record: [`decoder.${L}.cross_attention.head.*.weights`] });
@@ -510,7 +514,7 @@ export function trainUntilDone(trainer, { now = () => performance.now(), onProgr
     }
   }
   const trained = seconds();
-  const example = trainer.example(0);
+  const example = trainer.example();
   return { steps: trainer.stepCount - first, seconds: trained, loss: trainer.losses.slice(first), accuracy: trainer.evaluate(),
     validation, example: { source: example.source, target: example.target, cross_attention: example.cross_attention } };
 }
