@@ -15,7 +15,7 @@
 // One forward pass per node serves every row: each row's objective is a separate backward over the same tape.
 
 import { matrix, tapedPass, logProbObjective, logSoftmaxRow } from "./model.js";
-import { softmaxRow, patchSites, FLAT, altiPlus } from "./interpret.js";
+import { softmaxRow, patchSites, checkPatchArguments, FLAT, altiPlus } from "./interpret.js";
 import { generate } from "./search.js";
 
 export const ATTRIBUTION_METHODS = ["saliency", "input-x-gradient", "integrated-gradients", "attention", "alti"];
@@ -473,13 +473,7 @@ function runToEnd(scan, onProgress) {
 // vector). Three passes whatever the model's size: a clean forward, a corrupted forward on a tape, its backward.
 // A generator: yields {done, total} after each pass; attributionPatching runs it to its end.
 export function* attributionPatchingScan(model, cleanIds, corruptIds, tgtInIds, row, token, { positions = true } = {}) {
-  if (positions && cleanIds.length !== corruptIds.length) {
-    throw new Error(`positions: the clean sentence has ${cleanIds.length} units and the corrupted one ` +
-                    `${corruptIds.length}; patching positions needs the same count`);
-  }
-  if (!(Number.isInteger(row) && row >= 0 && row < tgtInIds.length)) {
-    throw new Error(`row ${row} is outside the target input of ${tgtInIds.length} positions`);
-  }
+  checkPatchArguments(cleanIds, corruptIds, tgtInIds, row, positions);
   const { heads, layers } = patchSites(model);
   const sites = [...heads.flat(), ...(positions ? layers : [])];
   const tgtIn = tgtInIds.slice(0, row + 1);                           // row `row` sees inputs 0..row only

@@ -46,10 +46,8 @@ function copyPositionFrom(clean, position) {
   };
 }
 
-// Patch each cross-attention head and (with positions) each encoder position from the clean run into the
-// corrupted one; p(token) at target row `row`. A generator: yields {done, total} after each run and returns
-// the table of patch_scan. Row `row` sees target inputs 0..row only, so the runs stop there (the same numbers).
-export function* patchingScan(model, cleanIds, corruptIds, tgtInIds, row, token, { positions = true } = {}) {
+// A patching scan's arguments (activation and attribution patching alike): one line naming what is wrong
+export function checkPatchArguments(cleanIds, corruptIds, tgtInIds, row, positions) {
   if (positions && cleanIds.length !== corruptIds.length) {
     throw new Error(`positions: the clean sentence has ${cleanIds.length} units and the corrupted one ` +
                     `${corruptIds.length}; patching positions needs the same count`);
@@ -57,6 +55,13 @@ export function* patchingScan(model, cleanIds, corruptIds, tgtInIds, row, token,
   if (!(Number.isInteger(row) && row >= 0 && row < tgtInIds.length)) {
     throw new Error(`row ${row} is outside the target input of ${tgtInIds.length} positions`);
   }
+}
+
+// Patch each cross-attention head and (with positions) each encoder position from the clean run into the
+// corrupted one; p(token) at target row `row`. A generator: yields {done, total} after each run and returns
+// the table of patch_scan. Row `row` sees target inputs 0..row only, so the runs stop there (the same numbers).
+export function* patchingScan(model, cleanIds, corruptIds, tgtInIds, row, token, { positions = true } = {}) {
+  checkPatchArguments(cleanIds, corruptIds, tgtInIds, row, positions);
   const { heads, layers } = patchSites(model);
   const everyHead = heads.flat();
   const tgtIn = tgtInIds.slice(0, row + 1);
