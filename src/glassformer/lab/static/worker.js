@@ -48,7 +48,7 @@ function tensorsOf(entries) {
 
 // ---------------------------------------------------------------- the Train view's trainer
 function snapshot(stepped, evaluate) {
-  const update = { step: trainer.stepCount, task: trainer.config && trainer.options ? trainer.options.task : undefined };
+  const update = { step: trainer.stepCount, task: trainer.options.task };
   if (stepped) Object.assign(update, stepped);
   if (evaluate) {
     const start = now();
@@ -64,7 +64,7 @@ function snapshot(stepped, evaluate) {
 // is right is exactly what greedy decoding writes (it sees the same right prefix at each step), so the trainer's
 // teacher-forced count gives the same number at one forward pass a sequence.
 function heldOutAccuracy() {
-  return typeof trainer.solvedShare === "function" && trainer.heldOut ? trainer.solvedShare(trainer.heldOut) : trainer.evaluate();
+  return trainer.solvedShare(trainer.heldOut);
 }
 
 const evaluationDue = () => now() - lastEvaluation > Math.max(EVALUATE_MS, evaluationCost / EVALUATE_SHARE);
