@@ -27,12 +27,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
+# One test process per core (at most 4; pytest-xdist): tests that share compiled packages run in one process
+# (their xdist_group), so each package is built once.
+PYTEST_WORKERS := -n auto --maxprocesses=4 --dist loadgroup
+
 test: $(STAMP) $(TATOEBA)
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q $(PYTEST_WORKERS) --durations=15
 
 # The fast tier: everything but the tests marked slow (notebooks, the browser, training-heavy ones).
 test-fast: $(STAMP) $(TATOEBA)
-	$(PY) -m pytest -q -m "not slow" --durations=15
+	$(PY) -m pytest -q $(PYTEST_WORKERS) -m "not slow" --durations=15
 
 demo: $(STAMP) $(TATOEBA)
 	$(GF) lesson

@@ -16,6 +16,56 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+def _packages_built_for_checking() -> None:
+    """The packages the tests build are run for a few steps of tiny models, to check what they compute: their C++
+    is compiled at -O1 (kernels; inductor's -O3) and -O0 (the wrapper; its -O1), which takes ~15 % less of a build.
+    Only this test session: users' builds keep inductor's levels. (Subprocesses get the wrapper's level only.)"""
+    os.environ.setdefault("AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL", "O0")
+    from torch._inductor import config, cpp_builder
+
+    config.aot_inductor.compile_wrapper_opt_level = os.environ["AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL"]
+    levels = getattr(cpp_builder, "_get_optimization_cflags", None)
+    if levels is None:                                                       # another torch: its own levels
+        return
+
+    def lower(cpp_compiler, min_optimize=False):
+        cflags, ldflags = levels(cpp_compiler, min_optimize)
+        return ["O1" if flag == "O3" else flag for flag in cflags], ldflags
+    cpp_builder._get_optimization_cflags = lower
+
+
+def _few_rows_gemms_untimed() -> None:
+    """FEW's settings let inductor time its C++ GEMM against ATen's for each product (a candidate library compiled
+    per product, ~4 s each): the tests check what packages compute, not which product wins, so they take ATen's
+    without timing, unless a test asks for `timed_gemms`."""
+    from glassformer.inference import compiler
+
+    compiler.FEW["max_autotune_gemm_backends"] = "ATEN"
+
+
+_packages_built_for_checking()
+_few_rows_gemms_untimed()
+
+
+@pytest.fixture
+def timed_gemms(monkeypatch):
+    """FEW's GEMMs timed as users' builds time them (inductor's C++ GEMM or ATen's): for packages that processes
+    outside this session (a command's workers) must find by the same recipe."""
+    from glassformer.inference import compiler
+
+    monkeypatch.setitem(compiler.FEW, "max_autotune_gemm_backends", "CPP,ATEN")
+
+
+@pytest.fixture
+def timed_gemms_on_amx(monkeypatch):
+    """Where the CPU has AMX, FEW's GEMMs timed as users' builds time them: inductor's C++ GEMM, the choice that puts
+    AMX kernels in a package, is built and can win; elsewhere untimed like the rest of the session."""
+    if torch.cpu._is_amx_tile_supported():
+        from glassformer.inference import compiler
+
+        monkeypatch.setitem(compiler.FEW, "max_autotune_gemm_backends", "CPP,ATEN")
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _compiled_packages_stay_in_the_session(tmp_path_factory):
     """Compiled decoding steps go to a folder of this session, not the user's cache; `--compile auto` builds

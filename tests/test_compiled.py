@@ -268,6 +268,7 @@ def test_a_comment_edit_or_a_moved_file_keeps_the_name_and_a_weight_change_does_
     assert _traced_name(model) != name
 
 
+@pytest.mark.xdist_group("eos_likely_packages")
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_CXX, reason="needs a C++ compiler")
 def test_compiled_packages_give_the_models_tokens_and_a_second_decoder_builds_nothing(shared_packages):
@@ -309,6 +310,7 @@ def test_compiled_packages_give_the_models_tokens_and_a_second_decoder_builds_no
     assert again == []
 
 
+@pytest.mark.xdist_group("eos_likely_packages")
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_CXX or not MKL, reason="needs a C++ compiler and torch with MKL")
 def test_greedys_many_row_steps_take_mkl_packs_handed_in_at_load_one_package_per_row_count(monkeypatch,
@@ -371,7 +373,7 @@ def test_a_few_sentences_source_side_follows_the_products_route(monkeypatch, tmp
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_CXX, reason="needs a C++ compiler")
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
-def test_a_bfloat16_or_int8_copy_compiles_and_decodes_as_it_does_eagerly(tmp_path, dtype):
+def test_a_bfloat16_or_int8_copy_compiles_and_decodes_as_it_does_eagerly(tmp_path, dtype, timed_gemms_on_amx):
     """precision.py's bfloat16 / int8 copy, compiled (every product on inductor's GEMMs, FEW's settings): the copy's
     own tokens and, to its rounding, scores for a batch whose sentences end at different steps (the float32
     model's are not these: its scores differ by ~0.07 here, so a step built from the float32 weights fails)."""
@@ -389,8 +391,10 @@ def test_a_bfloat16_or_int8_copy_compiles_and_decodes_as_it_does_eagerly(tmp_pat
     float32 = generate(model, src, Greedy(), max_len=20)
     assert max(abs(a[0].score - b[0].score) for a, b in zip(got, float32, strict=True)) > 1e-2
     # a fresh process that only loads them (as a --workers process does): no build, so AMX kernels need the
-    # process's AMX state asked for at the load; without it such a process dies of SIGILL
+    # process's AMX state asked for at the load; without it such a process dies of SIGILL (FEW as this session
+    # has it: the same recipe names the same packages)
     code = ("import json, sys, torch; sys.path.insert(0, sys.argv[1]); from test_compiled import *; "
+            f"compiler.FEW.update({dict(compiler.FEW)!r}); "
             f"copy = with_precision(eos_likely(), {dtype!r}, note=False); "
             "d = CompiledDecoder(copy, step, Path(sys.argv[2]), print, threads=1); "
             "print(json.dumps([h[0].tokens for h in generate(copy, sources(batch=7), Greedy(), max_len=20, "

@@ -330,8 +330,10 @@ def test_compile_cache_that_is_not_a_folder_is_one_line_exit_2(model_dir, tmp_pa
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "--compile-cache" in err
 
 
+@pytest.mark.xdist_group("model_dir_packages")
 @pytest.mark.slow
-def test_compiled_translation_prints_the_eager_lines(model_dir, shared_packages, capsys, monkeypatch):
+def test_compiled_translation_prints_the_eager_lines(model_dir, shared_packages, timed_gemms, capsys,
+                                                 monkeypatch):
     """--compile on gives the lines of --compile off and says on stderr that it builds the step, and in how
     long; a second run loads the packages and says nothing, and so does --compile auto (which loads them: not eager);
     auto on a job of another shape loads the packages there are and decodes the others' parts eagerly, one line
@@ -484,6 +486,7 @@ def test_workers_keep_the_commands_warnings_filters(model_dir, capfd):
     assert err.strip().splitlines() == ["glassformer: decoding in 2 worker processes, one thread each"], err
 
 
+@pytest.mark.xdist_group("model_dir_packages")
 @pytest.mark.slow
 def test_compiled_workers_leave_no_unpacked_package_behind(model_dir, shared_packages, tmp_path):
     """Each loaded package is unpacked by torch's C++ loader into a folder of the temporary directory, removed only
