@@ -28,15 +28,17 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # One test process per core (at most 4; pytest-xdist): tests that share compiled packages run in one process
-# (their xdist_group), so each package is built once.
+# (their xdist_group), so each package is built once. Bytecode written (PYTHONDONTWRITEBYTECODE emptied): each
+# worker, and each process a test starts, imports the project and collects the tests from it, not from source.
 PYTEST_WORKERS := -n auto --maxprocesses=4 --dist loadgroup
+PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest
 
 test: $(STAMP) $(TATOEBA)
-	$(PY) -m pytest -q $(PYTEST_WORKERS) --durations=15
+	$(PYTEST) -q $(PYTEST_WORKERS) --durations=15
 
 # The fast tier: everything but the tests marked slow (notebooks, the browser, training-heavy ones).
 test-fast: $(STAMP) $(TATOEBA)
-	$(PY) -m pytest -q $(PYTEST_WORKERS) -m "not slow" --durations=15
+	$(PYTEST) -q $(PYTEST_WORKERS) -m "not slow" --durations=15
 
 demo: $(STAMP) $(TATOEBA)
 	$(GF) lesson

@@ -237,6 +237,7 @@ def test_a_traced_float32_product_leaves_its_bias_to_the_next_kernel():
     assert torch.equal(linear(x), torch.nn.functional.linear(x, linear.w, linear.b))      # one rounding, as eagerly
 
 
+@pytest.mark.slow                                                            # several torch.export traces
 def test_a_comment_edit_or_a_moved_file_keeps_the_name_and_a_weight_change_does_not():
     """The name hashes the traced graph and the weights: the encoder's FeedForward.forward redefined from its
     source with comments, blank lines and another file name gives the same name; one weight moved does not."""
@@ -345,6 +346,7 @@ def test_greedys_many_row_steps_take_mkl_packs_handed_in_at_load_one_package_per
         and {"source-few", "greedy-few"} <= set(second.parts) and not any("failed" in n for n in again), again
 
 
+@pytest.mark.slow                                                            # several torch.export traces
 def test_a_few_sentences_source_side_follows_the_products_route(monkeypatch, tmp_path):
     """Where MKL is the products' route a few sentences' source side multiplies on W^T, unfrozen, not autotuned
     (MKL's products beat FEW's GEMMs there), as the many-row one does; on oneDNN's both keep their settings (FEW's,
@@ -406,6 +408,7 @@ def test_a_bfloat16_or_int8_copy_compiles_and_decodes_as_it_does_eagerly(tmp_pat
     assert "--compile" not in done.stdout                                    # loaded: nothing built, no failure
 
 
+@pytest.mark.slow                                                            # several torch.export traces
 @pytest.mark.skipif(not HAS_CXX, reason="needs a C++ compiler")
 def test_a_build_that_fails_or_is_interrupted_leaves_nothing_and_decodes_eagerly(monkeypatch, tmp_path):
     def broken(program, package_path, **kw):
@@ -461,6 +464,7 @@ def test_the_products_route_is_timed_once_per_cpu_and_thread_count_and_read_back
     assert len(list(tmp_path.rglob("products-*.json"))) == 2
 
 
+@pytest.mark.slow                                                            # several torch.export traces
 @pytest.mark.skipif(not HAS_CXX, reason="needs a C++ compiler")
 def test_a_package_that_fails_to_load_decodes_eagerly_after_one_note(monkeypatch, tmp_path):
     """A package file that is not one (a damaged cache): one note per part, then the eager step's tokens."""
@@ -475,6 +479,7 @@ def test_a_package_that_fails_to_load_decodes_eagerly_after_one_note(monkeypatch
     assert len(failed) == 2 and all("decoding eagerly" in n and "\n" not in n for n in failed), notes
 
 
+@pytest.mark.slow                                                            # several torch.export traces
 @pytest.mark.skipif(not HAS_CXX, reason="needs a C++ compiler")
 def test_a_step_over_three_decoder_layers_and_one_encoder_layer_takes_its_buffers_in_order(monkeypatch, tmp_path):
     """A step's inputs are flat (self K, self V, cross K, cross V, a decoder layer each): traced and exported for 3
@@ -493,6 +498,7 @@ def test_a_step_over_three_decoder_layers_and_one_encoder_layer_takes_its_buffer
     assert len(failed) == 3 and all("failed (RuntimeError" in n for n in failed), notes
 
 
+@pytest.mark.slow                                                            # several torch.export traces
 def test_a_many_row_step_is_made_for_a_batchs_sizes_and_named_by_them(monkeypatch, tmp_path):
     """inductor decides from the example's sizes which loops its threads share: a step of many rows is traced at a
     batch's (TYPICAL: 32 sentences, 32 x beam rows), the source side and greedy's few-row step at 2-3; a package's
