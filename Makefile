@@ -36,7 +36,8 @@ PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest
 test: $(STAMP) $(TATOEBA)
 	$(PYTEST) -q $(PYTEST_WORKERS) --durations=15
 
-# The fast tier: everything but the tests marked slow (notebooks, the browser, training-heavy ones).
+# The fast tier: everything but the tests marked slow (notebooks, the browser, training-heavy ones, the compiled
+# step's builds and traces).
 test-fast: $(STAMP) $(TATOEBA)
 	$(PYTEST) -q $(PYTEST_WORKERS) -m "not slow" --durations=15
 
