@@ -37,9 +37,10 @@ test: $(STAMP) $(TATOEBA)
 	$(PYTEST) -q $(PYTEST_WORKERS) --durations=15
 
 # The fast tier: everything but the tests marked slow (notebooks, the browser, training-heavy ones, the compiled
-# step's builds and traces).
+# step's builds and traces). A test file to a process: its module fixtures made once (no file of this tier is
+# long enough to leave a process idle).
 test-fast: $(STAMP) $(TATOEBA)
-	$(PYTEST) -q $(PYTEST_WORKERS) -m "not slow" --durations=15
+	$(PYTEST) -q -n auto --maxprocesses=4 --dist loadfile -m "not slow" --durations=15
 
 demo: $(STAMP) $(TATOEBA)
 	$(GF) lesson
