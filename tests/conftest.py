@@ -34,17 +34,19 @@ def _packages_built_for_checking() -> None:
     cpp_builder._get_optimization_cflags = lower
 
 
-def _few_rows_gemms_untimed() -> None:
+def _few_rows_gemms_untimed() -> str:
     """FEW's settings let inductor time its C++ GEMM against ATen's for each product (a candidate library compiled
     per product, ~4 s each): the tests check what packages compute, not which product wins, so they take ATen's
-    without timing, unless a test asks for `timed_gemms`."""
+    without timing, unless a test asks for `timed_gemms`. Returns FEW's own choice of backends."""
     from glassformer.inference import compiler
 
+    users = compiler.FEW["max_autotune_gemm_backends"]
     compiler.FEW["max_autotune_gemm_backends"] = "ATEN"
+    return users
 
 
 _packages_built_for_checking()
-_few_rows_gemms_untimed()
+USERS_GEMM_BACKENDS = _few_rows_gemms_untimed()
 
 
 @pytest.fixture
@@ -53,17 +55,15 @@ def timed_gemms(monkeypatch):
     outside this session (a command's workers) must find by the same recipe."""
     from glassformer.inference import compiler
 
-    monkeypatch.setitem(compiler.FEW, "max_autotune_gemm_backends", "CPP,ATEN")
+    monkeypatch.setitem(compiler.FEW, "max_autotune_gemm_backends", USERS_GEMM_BACKENDS)
 
 
 @pytest.fixture
-def timed_gemms_on_amx(monkeypatch):
-    """Where the CPU has AMX, FEW's GEMMs timed as users' builds time them: inductor's C++ GEMM, the choice that puts
-    AMX kernels in a package, is built and can win; elsewhere untimed like the rest of the session."""
+def timed_gemms_on_amx(request):
+    """Where the CPU has AMX, `timed_gemms`: inductor's C++ GEMM, the choice that puts AMX kernels in a package, is
+    built and can win; elsewhere untimed like the rest of the session."""
     if torch.cpu._is_amx_tile_supported():
-        from glassformer.inference import compiler
-
-        monkeypatch.setitem(compiler.FEW, "max_autotune_gemm_backends", "CPP,ATEN")
+        request.getfixturevalue("timed_gemms")
 
 
 @pytest.fixture(autouse=True, scope="session")
