@@ -276,7 +276,7 @@ def test_dtype_decodes_through_a_converted_copy_and_names_bad_values(model_dir, 
         assert code == 0 and len(out.splitlines()) == 2
         args = argparse.Namespace(model=str(model_dir), device="cpu", beam=1, alpha=None, max_length=None,
                                   dtype=dtype)
-        translator = _translator(args)[0]
+        translator = _translator(args, 2)[0]
         assert precision_of(translator.decoding_model()) == dtype and precision_of(translator.model) == "float32"
     with pytest.raises(SystemExit) as info:
         main(["translate", "--model", str(model_dir), "--dtype", "int4", "我"])
@@ -383,17 +383,57 @@ def test_patch_approximate_compare_reports_a_correlation(model_dir, capsys, monk
 
 # ---- --workers: a job's batches in worker processes ---------------------------------------------------------
 
-def test_deal_balances_work_and_gives_every_batch_once():
-    from glassformer.decoding.workers import deal
+def test_the_shared_count_gives_each_batch_once_costliest_first():
+    """Two takers of one job (this process and a helper) through the shared count: each batch once, in the
+    costliest-first order, the helper's count kept; a job that another replaced gives its takers nothing more."""
+    from multiprocessing import get_context
 
-    costs = [9, 1, 1, 1, 1, 1, 1, 1, 1, 4, 4]
-    shares = deal(costs, 2)
-    assert sorted(i for s in shares for i in s) == list(range(len(costs)))
-    assert all(s == sorted(s) for s in shares)
-    loads = sorted(sum(costs[i] for i in s) for s in shares)
-    assert loads == [12, 13]                                  # round-robin would give 15 / 10
-    assert deal(costs, 1) == [list(range(len(costs)))]
-    assert deal([3], 3) == [[0], [], []]
+    from glassformer.decoding.workers import JOB, NEXT, _taken, cost, costliest_first
+
+    batches = [[[5] * n] * rows for n, rows in [(3, 4), (9, 2), (1, 8), (6, 6), (2, 2), (30, 1)]]
+    order = costliest_first(batches)
+    assert [cost(batches[i]) for i in order] == [84, 72, 44, 38, 34, 20]   # rows x (longest + 8)
+    job = [batches[i] for i in order]
+    shared = get_context("spawn").Array("q", 2 + 2)                    # one helper
+    shared[JOB], shared[NEXT] = 7, 0
+    mine, theirs = [], []
+    here, there = _taken(shared, 7, job, mine), _taken(shared, 7, job, theirs, helper=0)
+    got = [next(here), next(there), next(there), next(here)]
+    assert got == job[:4] and mine == [0, 3] and theirs == [1, 2] and shared[2] == 2
+    late = _taken(shared, 6, job, [], helper=0)                             # a helper still on an earlier job
+    assert list(late) == [] and shared[NEXT] == 4
+    assert [*here, *there] == job[4:] and sorted(mine + theirs) == list(range(6)) and shared[2] == len(theirs) == 2
+    shared[JOB], shared[NEXT] = 8, 0                                        # the next job began
+    assert list(_taken(shared, 7, job, [])) == []
+
+
+def _slow_start(folder: str):
+    """A helper's recipe that takes a minute to start (module level: the spawned helper imports it)."""
+    import time
+
+    time.sleep(60)
+    return Translator.load(folder)
+
+
+def test_a_helper_still_starting_is_not_waited_for(model_dir):
+    """The job ends when the count is spent: a helper that never took a batch (still starting) holds nothing up,
+    and closing stops it there (it has loaded no package)."""
+    import functools
+    import time
+
+    from glassformer.decoding.workers import Workers
+
+    lines = ["我很好。", "你叫什么名字？", "谢谢你！", "我们明天去学校。"]
+    here = Translator.load(model_dir)
+    here.batch_size = 1
+    expected = here.translate(lines)
+    began = time.monotonic()
+    helpers = Workers(functools.partial(_slow_start, str(model_dir)), 2, key=())
+    here.workers = 2
+    here.use_workers(helpers)
+    assert here.translate(lines) == expected and helpers.taken() == [0] and helpers.started() == [False]
+    here.close()
+    assert time.monotonic() - began < 30 and not helpers.processes[0].is_alive()
 
 
 def test_a_batchs_cost_counts_work_beside_its_source_length():
@@ -407,7 +447,12 @@ def test_a_batchs_cost_counts_work_beside_its_source_length():
     assert cost([]) == 0
 
 
-def test_workers_give_each_sentence_its_in_process_translation(model_dir):
+def test_workers_give_each_sentence_its_in_process_translation(model_dir, monkeypatch):
+    """--workers 2 in-process: this process and one helper take the batches; the first job ends before the helper
+    has started (this process alone); once it has, a job where this process is slow is shared, and the helper's
+    late answer to the first job (it took nothing) is not taken for the second's."""
+    import time
+
     lines = ["我很好。", "你叫什么名字？", "谢谢你！", "我们明天去学校。", "他喜欢喝茶。", "这本书很好看。",
              "你好", "我昨天给了他一本书。", "", "今天天气很好，我们去公园吧。", "我不知道。"]
     here = Translator.load(model_dir)
@@ -418,13 +463,24 @@ def test_workers_give_each_sentence_its_in_process_translation(model_dir):
     there.batch_size, there.workers, there.notes = 3, 2, notes.append
     try:
         assert there.translate(lines, beam=1) == expected[1]
-        pids = [p.pid for p in there._workers.processes]
-        assert len(set(pids)) == 2 and os.getpid() not in pids and all(p.is_alive() for p in there._workers.processes)
-        assert there.translate(lines, beam=2) == expected[2]
-        assert [p.pid for p in there._workers.processes] == pids                  # the same processes again
-        assert notes == ["decoding in 2 worker processes, one thread each"]
-        there._workers.processes[1].kill()                                          # a worker that ends
-        there._workers.processes[1].join()
+        helpers = there._workers
+        assert helpers.taken() == [0]                                               # still starting
+        pid = helpers.processes[0].pid
+        assert pid != os.getpid() and helpers.processes[0].is_alive()
+        for _ in range(600):
+            if helpers.started() == [True]:
+                break
+            time.sleep(0.1)
+        decode = there.decode_batches                                               # this process: slow
+        monkeypatch.setattr(there, "decode_batches",
+                            lambda batches, *a, **kw: decode((time.sleep(0.5) or b for b in batches), *a, **kw))
+        for beam in (2, 1):
+            assert there.translate(lines, beam=beam) == expected[beam]
+            assert helpers.taken()[0] >= 1                                          # the helper decoded some
+        assert there._workers is helpers and helpers.processes[0].pid == pid        # the same process again
+        assert notes == ["decoding in 2 processes (this one and 1 more)"]
+        helpers.processes[0].kill()                                                 # a helper that ends
+        helpers.processes[0].join()
         assert there.translate(lines, beam=1) == expected[1]                        # decoded here instead
         assert len(notes) == 2 and notes[1].startswith("--workers 2: RuntimeError") and notes[1].endswith("here")
         assert there._workers is None
@@ -447,7 +503,22 @@ def test_translate_with_workers_prints_the_same_lines(model_dir, capsys, monkeyp
     code2, together, err = _run(capsys, monkeypatch, ["translate", "--model", str(model_dir), "--batch-size", "2",
                                                       "--workers", "2", *lines])
     assert code == code2 == 0 and together == alone and len(alone.splitlines()) == 5
-    assert "decoding in 2 worker processes" in err                           # it did not decode in-process
+    assert "decoding in 2 processes (this one and 1 more)" in err             # a helper was started
+
+
+def test_the_command_starts_its_helpers_before_torch_loads(model_dir, tmp_path):
+    """translate --workers 2 starts its helper before this process imports torch (so both starts overlap), and
+    loading a model does not import torch's compiler stack (a model built on the meta device did: 1.4 s)."""
+    code = ("import json, sys, multiprocessing.process as p\n"
+            "seen, start = [], p.BaseProcess.start\n"
+            "p.BaseProcess.start = lambda self: seen.append('torch' in sys.modules) or start(self)\n"
+            "from glassformer.cli import main\n"
+            "code = main(['translate', '--model', sys.argv[1], '--batch-size', '1', '--workers', '2', '--compile', "
+            "'off', '我很好。', '你好', '谢谢你！'])\n"
+            "print(json.dumps([code, seen, 'torch._dynamo' in sys.modules]), file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(model_dir)], capture_output=True, text=True, timeout=300)
+    assert json.loads(done.stderr.strip().splitlines()[-1]) == [0, [False], False], done.stderr[-2000:]
+    assert len(done.stdout.splitlines()) == 3
 
 
 def test_workers_decode_at_the_translators_precision_and_refuse_a_converted_model(model_dir):
@@ -470,7 +541,7 @@ def test_workers_decode_at_the_translators_precision_and_refuse_a_converted_mode
     at.workers, at.notes = 2, notes.append
     try:
         assert at.translate(lines) == here == expected and at._workers is not None
-        assert at._workers.key[3] == "bfloat16" and notes[-1] == "decoding in 2 worker processes, one thread each"
+        assert at._workers.key[3] == "bfloat16" and notes[-1] == "decoding in 2 processes (this one and 1 more)"
     finally:
         at.close()
 
@@ -483,15 +554,15 @@ def test_workers_keep_the_commands_warnings_filters(model_dir, capfd):
                  *lines])
     out, err = capfd.readouterr()
     assert code == 0 and len(out.splitlines()) == 4
-    assert err.strip().splitlines() == ["glassformer: decoding in 2 worker processes, one thread each"], err
+    assert err.strip().splitlines() == ["glassformer: decoding in 2 processes (this one and 1 more)"], err
 
 
 @pytest.mark.xdist_group("model_dir_packages")
 @pytest.mark.slow
 def test_compiled_workers_leave_no_unpacked_package_behind(model_dir, shared_packages, tmp_path):
     """Each loaded package is unpacked by torch's C++ loader into a folder of the temporary directory, removed only
-    when the loader is destroyed. A process that starts compiled workers and exits without `close()` (as the
-    translate command does) closes them at its exit, and each lets go of its packages: no folder is left (they
+    when the loader is destroyed. A process that starts a compiled helper and exits without `close()` (as the
+    translate command does) closes it at its exit, and it lets go of its packages: no folder is left (they
     were left, ~10 MB a package and a worker, when the workers were terminated at the exit)."""
     from glassformer.inference import compiler
 
@@ -499,12 +570,17 @@ def test_compiled_workers_leave_no_unpacked_package_behind(model_dir, shared_pac
         pytest.skip("needs a C++ compiler")
     temp = tmp_path / "tmp"
     temp.mkdir()
-    code = ("import sys, os; from glassformer.decoding.translator import Translator; "
-            "t = Translator.load(sys.argv[1]); t.batch_size, t.workers, t.compile = 1, 2, 'on'; "
-            "t.compile_cache = sys.argv[2]; print(len(t.translate(sys.argv[3:]))); "
-            "print(sum(p.startswith('aotinductor_') for p in os.listdir(os.environ['TMPDIR'])))")
+    code = ("import sys, os, time, torch; from glassformer.decoding.translator import Translator\n"
+            "torch.set_num_threads(1)\n"
+            "t = Translator.load(sys.argv[1]); t.batch_size, t.workers, t.compile, t.threads = 1, 2, 'on', 1\n"
+            "t.compile_cache = sys.argv[2]; t.translate(sys.argv[3:])\n"           # the helper starts meanwhile
+            "while not all(t._workers.started()): time.sleep(0.1)\n"
+            "decode = t.decode_batches\n"                                         # this process slow: the helper
+            "t.decode_batches = lambda b, *a, **k: decode((time.sleep(1) or x for x in b), *a, **k)\n"   # takes some
+            "print(len(t.translate(sys.argv[3:])), t._workers.taken()[0] > 0)\n"
+            "print(sum(p.startswith('aotinductor_') for p in os.listdir(os.environ['TMPDIR'])))\n")
     done = subprocess.run([sys.executable, "-c", code, str(model_dir), str(shared_packages), *SENTENCES, "你好"],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "TMPDIR": str(temp)})
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split("\n")[:2] == ["4", "4"]           # while the workers held them: 2 packages each
+    assert done.stdout.split("\n")[:2] == ["4 True", "4"]      # while both held them: 2 packages each
     assert [p.name for p in temp.glob("aotinductor_*")] == []

@@ -10,8 +10,6 @@ import argparse
 import os
 from pathlib import Path
 
-import torch
-
 from .errors import UsageError
 from .paths import DEFAULT_MODEL, MODEL_ENV, default_model_dir
 
@@ -50,8 +48,10 @@ def model_dir(args) -> Path:
     return folder
 
 
-def pick_device(name: str, local_rank: int = 0) -> torch.device:
+def pick_device(name: str, local_rank: int = 0):
     """auto | cpu | cuda as a torch.device (cuda: this rank's GPU); one line if it is not available."""
+    import torch
+
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
@@ -64,5 +64,7 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
 
 
 def device_name(name: str) -> str:
-    """--device as the string torch takes ("cpu", "cuda:0")."""
+    """--device as the string torch takes ("cpu", "cuda:0"); "cpu" without importing torch."""
+    if name == "cpu":
+        return name
     return str(pick_device(name))

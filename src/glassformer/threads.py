@@ -8,8 +8,6 @@ import os
 from contextlib import contextmanager
 from typing import Iterator
 
-import torch
-
 SERIAL_MAX_ROWS = 4            # up to 4 rows per step (batch 1, or one sentence with 4 beams): one thread
 LESSON_THREADS = 1             # the lesson's traces and checks: tiny tensors, a second thread only waits
 SERVING_THREADS = 1            # the lab server: small requests, more threads only add synchronisation
@@ -31,6 +29,8 @@ def training_threads(world: int = 1, requested: int | None = None) -> int:
 def decoding_threads(rows: int, available: int | None = None) -> int:
     """Threads for decoding `rows` rows per step (batch x beams): 1 for a few rows, else `available`
     (default: the count already set for this process, so a decoding job never raises it)."""
+    import torch
+
     available = torch.get_num_threads() if available is None else available
     return 1 if rows <= SERIAL_MAX_ROWS else max(1, available)
 
@@ -38,6 +38,8 @@ def decoding_threads(rows: int, available: int | None = None) -> int:
 @contextmanager
 def use_threads(n: int) -> Iterator[int]:
     """Run the block with `n` intra-op threads and give the previous count back afterwards."""
+    import torch
+
     saved = torch.get_num_threads()
     torch.set_num_threads(n)
     try:

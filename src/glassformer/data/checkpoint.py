@@ -252,10 +252,10 @@ def weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
         raise UsageError(f"{path}: not a readable safetensors file ({detail})") from None
 
 
-def check_weights(path: Path, cfg: ModelConfig) -> None:
-    """The file's tensors against the shapes `cfg` implies (a model built on the meta device: no memory)."""
-    with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in Transformer(cfg).state_dict().items()}
+def check_weights(path: Path, model: Transformer) -> None:
+    """The file's tensors against the shapes of `model` (built from a config within glassformer.limits, so its size
+    is bounded; not on the meta device, whose first use imports torch's reference ops: over a second of start-up)."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     found = weight_shapes(path)
     for name, shape in found.items():
         if name not in expected:
@@ -272,8 +272,9 @@ def load_translator_parts(folder: str | Path, device: str | torch.device = "cpu"
     """Model (eval mode), source and target tokenizers, and config.json of a model folder.
 
     Everything is checked before the model is allocated: config.json's types and sizes (the
-    validation layer and glassformer.limits), vocab.json against the embedding sizes, and the
-    safetensors header's tensor shapes against the config. Any problem is one UsageError line.
+    validation layer and glassformer.limits), vocab.json against the embedding sizes; then the
+    safetensors header's tensor shapes against the model's, before a weight is read. Any problem
+    is one UsageError line.
     """
     folder = Path(folder)
     if not folder.exists():
@@ -291,8 +292,8 @@ def load_translator_parts(folder: str | Path, device: str | torch.device = "cpu"
             raise UsageError(f"{root / VOCAB}: the {side} vocabulary has {size} entries; config.json's "
                              f"model.{field} is {want} (the files do not belong together)")
     weights = weights_path(folder)
-    check_weights(weights, cfg)
     model = Transformer(cfg)
+    check_weights(weights, model)
     try:
         load_weights(model, weights)
     except (SafetensorError, ValueError, RuntimeError) as error:

@@ -13,7 +13,7 @@ import warnings
 from .. import limits
 from ..errors import UsageError
 from ..options import add_model_arguments, device_name, model_dir, positive
-from .search import DEFAULT_STOP, STOP_RULES
+from .choices import AUTO_MIN_SENTENCES, DEFAULT_STOP, STOP_RULES
 
 
 def _add_decoding(parser: argparse.ArgumentParser, beam: int = 1) -> None:
@@ -31,8 +31,6 @@ def _add_decoding(parser: argparse.ArgumentParser, beam: int = 1) -> None:
                         help="most tokens generated per sentence, EOS included (default 2 x source length + 10; "
                              "at most the model's max_len)")
     add_dtype_argument(parser)                                               # --dtype float32|bfloat16|int8
-    from .translator import AUTO_MIN_SENTENCES
-
     parser.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                         help="run the decoding step compiled ahead of time (needs a C++ compiler; built once per "
                              "model, beam size and batch shape, about a minute each, then loaded from the cache): "
@@ -56,27 +54,66 @@ def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
                              "or VNNI (docs/precision.md)")
 
 
-def _translator(args):
-    """The Translator of --model and the length penalty; the beam and --max-length within their limits first."""
-    from .search import DEFAULT_ALPHA
-    from .translator import Translator
+def _translator(args, sentences: int):
+    """The Translator of --model and the length penalty; the beam and --max-length within their limits first. With
+    --workers N and a job of more than one batch of `sentences`, its N - 1 helpers are started first, before this
+    process imports torch, each loading the model itself while this process does (decoding/workers.py), and this
+    process decodes on one thread."""
     from .workers import check_workers
 
     limits.check("--beam", args.beam, "MAX_BEAM")
     if args.max_length is not None:
         limits.check("--max-length", args.max_length, "MAX_SENTENCE_TOKENS")
+    workers, compile = check_workers(getattr(args, "workers", 1)), getattr(args, "compile", "off")
+    if compile != "off":
+        warnings.filterwarnings("ignore", category=FutureWarning)            # torch's own, while tracing
+        warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning)   # inductor's, while tuning
+    helpers = _helpers(args, workers, sentences, compile)
+
+    from .search import DEFAULT_ALPHA
+    from .translator import Translator
+
     translator = Translator.load(model_dir(args), device_name(args.device))
     translator.check_max_length(args.max_length)
     translator.precision = args.dtype
     translator.decoding_model()                                              # its copy now: a bad dtype, exit 2
-    translator.compile, translator.notes = getattr(args, "compile", "off"), _stderr_note
-    translator.stop = getattr(args, "stop", translator.stop)
-    translator.workers = check_workers(getattr(args, "workers", 1))
-    if translator.compile != "off":
+    translator.compile, translator.notes = compile, _stderr_note
+    if compile != "off":
         translator.compile_cache = _compile_cache(getattr(args, "compile_cache", None))
-        warnings.filterwarnings("ignore", category=FutureWarning)            # torch's own, while tracing
-        warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning)   # inductor's, while tuning
+    translator.stop = getattr(args, "stop", translator.stop)
+    translator.workers = workers
+    if helpers is not None:
+        translator.threads = 1                                               # its packages: the helpers' own
+        translator.use_workers(helpers)
+    _decoding_threads(args, sentences, helpers is not None)
     return translator, DEFAULT_ALPHA if args.alpha is None else args.alpha
+
+
+def _helpers(args, workers: int, sentences: int, compile: str):
+    """The helper processes of --workers, started now (before this process loads torch and the model), for a CPU
+    job of more than one batch; else None."""
+    import functools
+
+    from .workers import Workers
+
+    if workers < 2 or sentences <= getattr(args, "batch_size", 64) or device_name(args.device) != "cpu":
+        return None
+    recipe = functools.partial(helper_translator, str(model_dir(args)), "cpu", args.dtype, compile,
+                               getattr(args, "compile_cache", None))
+    return Workers(recipe, workers, key=())
+
+
+def helper_translator(folder: str, device: str, precision: str, compile: str, compile_cache: str | None):
+    """A helper's Translator, made in the helper: the model loaded from its run folder, at `precision`, its packages
+    kept under `compile_cache` (--compile-cache; None: the default folder)."""
+    from ..inference.compiler import cache_folder
+    from .translator import Translator
+
+    translator = Translator.load(folder, device)
+    translator.precision, translator.compile = precision, compile
+    translator.compile_cache = str(cache_folder(compile_cache)) if compile != "off" else None
+    translator.decoding_model()                                      # its copy at `precision`, while still starting
+    return translator
 
 
 def _stderr_note(line: str) -> None:
@@ -96,13 +133,15 @@ def _compile_cache(folder: str | None) -> str:
     return str(use_compile_cache(path))
 
 
-def _decoding_threads(args, sentences: int) -> None:
-    """The command's thread count (threads.py): one for steps of a few rows, else every core it may use."""
+def _decoding_threads(args, sentences: int, helpers: bool = False) -> None:
+    """The command's thread count (threads.py): one for steps of a few rows or beside --workers' helpers (each
+    process a core), else every core it may use."""
     import torch
 
     from ..threads import decoding_threads
 
-    torch.set_num_threads(decoding_threads(min(sentences, getattr(args, "batch_size", 64)) * args.beam))
+    rows = min(sentences, getattr(args, "batch_size", 64)) * args.beam
+    torch.set_num_threads(1 if helpers else decoding_threads(rows))
 
 
 # ---- translate -----------------------------------------------------------------------------
@@ -115,10 +154,9 @@ def add_translate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def translate_command(args) -> int:
-    translator, alpha = _translator(args)
-    translator.batch_size = args.batch_size
     lines = list(args.text) if args.text else [line.rstrip("\r\n") for line in sys.stdin]
-    _decoding_threads(args, len(lines))
+    translator, alpha = _translator(args, sum(1 for line in lines if line.strip()))
+    translator.batch_size = args.batch_size
     if args.verbose:
         for n, enc in enumerate(translator.analyse(lines), start=1):
             unknown = f"  unknown: {' '.join(enc.unknown)}" if enc.unknown else ""
@@ -148,10 +186,9 @@ def evaluate_command(args) -> int:
 
     if args.input == "gold" and args.split not in ("dev", "test"):
         raise UsageError(f"--input gold needs the corpus segmentation: only --split dev/test have it, not {args.split}")
-    translator, alpha = _translator(args)
     folder = model_dir(args)
     pairs = load_split(args.split)
-    _decoding_threads(args, len(pairs))
+    translator, alpha = _translator(args, len(pairs))
     result = evaluate_pairs(translator, pairs, args.input, args.beam, alpha, args.max_length)
     if args.json:
         print(json.dumps({"model": str(folder), "split": args.split, "input": args.input, "beam": args.beam,

@@ -38,11 +38,10 @@ import torch
 from torch import Tensor
 
 from .candidates import best_continuations, most_probable
+from .choices import DEFAULT_STOP, STOP_RULES  # noqa: F401 (search's API: when a beam search is done, docstring above)
 from .sizes import SENTENCE_BUCKETS, bucket, output_limits, sentence_limits  # noqa: F401 (search's API)
 
 DEFAULT_ALPHA = 1.0               # length penalty exponent (chosen on dev, docs/translator.md)
-STOP_RULES = ("bound", "full", "top")   # when a sentence's beam search is done (module docstring)
-DEFAULT_STOP = "bound"
 
 
 # ---- scores -------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -15,10 +16,10 @@ from ..inference.compiler import CompiledDecoder, cache_folder, unsupported
 from ..inference.precision import precision_of, with_precision
 from ..model import Transformer
 from ..threads import usable_cores
+from .choices import AUTO_MIN_SENTENCES
 from .search import DEFAULT_ALPHA, DEFAULT_STOP, generate, step, steps, strategy
 
 COMPILE_MODES = ("auto", "on", "off")
-AUTO_MIN_SENTENCES = 20_000    # auto builds for jobs that win a build back (~45 s: ~19,000 sentences at beam 4)
 
 
 def compile_mode(requested: str, sentences: int, built: Callable[[], bool] = lambda: False) -> tuple[str, str | None]:
@@ -47,8 +48,9 @@ class Translator:
     stderr). `precision`: "float32" (the model), or "bfloat16" / "int8", decoding on a copy of the model made
     once (`decoding_model`, inference/precision.py; both also compile). The thread count is the caller's (set
     at the entry point: threads.py). `workers` > 1: a job of several batches is decoded in that many processes,
-    one thread each (decoding/workers.py; CPU only); they copy the model when they start (and make their own
-    copy at `precision`): after changing its weights in place, `close()` them."""
+    this one and helpers of one thread each (decoding/workers.py; CPU only; this one at the caller's thread count:
+    set one); the helpers copy the model when they start (and make their own copy at `precision`): after changing
+    its weights in place, `close()` them."""
 
     def __init__(self, model, source: SourceTokenizer, target: TargetTokenizer,
                  device: str | torch.device = "cpu", batch_size: int = 64, compile: str = "off",
@@ -147,28 +149,37 @@ class Translator:
         return self._copy[2]
 
     def _in_workers(self, batches, beam: int, alpha: float, max_length: int | None, sentences: int):
-        """The batches decoded by the worker processes (started for this model at the first call), or None after
-        a one-line note when they cannot be started or fail (the job is then decoded here)."""
-        from .workers import Workers, note
+        """The batches decoded here and by the helper processes (started for this model at the first call, unless
+        the command started them: `use_workers`), or None after a one-line note when they cannot be started or
+        fail (the job is then decoded here alone)."""
+        from .workers import Workers
         if not isinstance(self.model, Transformer) or precision_of(self.model) != "float32":   # copies: unpicklable
             self._note(f"--workers {self.workers}: a float32 model (with `precision` to decode at another), not a "
                        f"{precision_of(self.model)} copy; decoding here")
             return None
         try:
             w = self._workers
-            held = (self.compile, self.compile_cache, self.precision)
-            if w is None or w.key[0] is not self.model or w.key[1:] != held or len(w.pipes) != self.workers:
+            if w is None or w.key != self._held() or len(w.pipes) != self.workers - 1:
                 self.close()
-                self._note(f"decoding in {self.workers} worker processes, one thread each")
-                copy = Translator(self.model, None, None, compile=self.compile, notes=note,
-                                  compile_cache=self.compile_cache)
-                copy.precision = self.precision                              # each worker makes its own copy
-                self._workers = Workers(copy, self.workers)
-            return self._workers.decode(batches, beam, alpha, max_length, self.stop, sentences)
-        except Exception as error:                                           # pickling, a worker that ended
+                copy = Translator(self.model, None, None, compile=self.compile, compile_cache=self.compile_cache)
+                copy.precision = self.precision                              # each helper makes its own copy
+                self.use_workers(Workers(copy, self.workers))
+            here = functools.partial(self.decode_batches, beam=beam, alpha=alpha, max_length=max_length,
+                                     sentences=sentences)
+            return self._workers.decode(batches, here, beam, alpha, max_length, self.stop, sentences)
+        except Exception as error:                                           # pickling, a helper that ended
             self._note(f"--workers {self.workers}: {type(error).__name__}: {str(error)[:160]}; decoding here")
             self.close()
             return None
+
+    def use_workers(self, workers) -> None:
+        """Decode long jobs with `workers` (decoding/workers.py), made for this Translator's model as it is now."""
+        workers.key = self._held()
+        self._workers = workers
+        self._note(f"decoding in {len(workers.pipes) + 1} processes (this one and {len(workers.pipes)} more)")
+
+    def _held(self) -> tuple:
+        return (self.model, self.compile, self.compile_cache, self.precision)
 
     def close(self) -> None:
         """Stop the worker processes, if any (they also end with this process), and let go of the loaded

@@ -1,28 +1,37 @@
-"""Decoding in worker processes: a job's batches dealt to N processes, each decoding on one thread
-(CTranslate2's `inter_threads` layout; docs/performance.md). For long jobs on several cores:
+"""Decoding beside helper processes: a job's batches taken in turn by this process and N - 1 helpers, each
+decoding on one thread (CTranslate2's `inter_threads` layout; docs/performance.md). For long jobs on several cores:
 
     translator.workers = 2            # translate / evaluate --workers 2
-    translator.translate(lines)       # batches of 64 sentences, half of them in each process
+    translator.translate(lines)       # batches of 64 sentences, this process and one helper take them in turn
 
 The decoding loop is Python: two threads of one process wait on each other's interpreter lock at every
-operation, two processes do not. Each worker gets a copy of the model when it starts (a spawned process, one
-intra-op thread, its own compiled packages, built for one thread); the workers stay for the Translator's
-later jobs and end with the process that started them: at its exit they are closed (their pipes, then a wait), not
-terminated, so each lets go of its packages (the C++ loader then removes the folder it unpacked each into).
+operation, two processes do not. Every process takes the next batch from one shared count, costliest first (no
+round trip a batch; a helper that is slow or still starting takes fewer, and the job never waits for one that took
+none), and a helper sends its translations back once the count is spent. This process decodes its share at its own
+thread count: the commands set one (decoding/commands.py). A helper is a spawned process with one intra-op thread and
+its own compiled packages (built for one thread): a copy of the Translator's model (`Workers(translator, n)`), or
+the model loaded from its folder (decoding/commands.py: the commands start it before they import torch and load
+the model themselves, so both starts overlap). Helpers stay for the Translator's later jobs and end with the
+process that started them: at its exit they are closed (their pipes, then a wait, so each lets go of its packages:
+the C++ loader then removes the folder it unpacked each into); one still starting, which has loaded no package, is
+stopped there.
 """
 
 from __future__ import annotations
 
 import atexit
 import multiprocessing
+import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from ..errors import UsageError
 from ..threads import usable_cores
 
 Batch = list[list[int]]                     # one batch: source ids per sentence
+JOB, NEXT = 0, 1                            # the shared count: the job's number, its next batch (then each helper's
+                                            # batches taken in this job, then 1 for each helper that has started)
 
 
 def check_workers(n: int) -> int:
@@ -31,17 +40,6 @@ def check_workers(n: int) -> int:
     if not 1 <= n <= cores:
         raise UsageError(f"--workers: {n}, outside 1..{cores} (the cores this process may use)", "workers")
     return n
-
-
-def deal(costs: Sequence[int], n: int) -> list[list[int]]:
-    """Batch indices for `n` workers: the costliest batch first, each to the worker with the least work so far
-    (ties: the lowest worker); each worker's batches in their original order."""
-    loads, shares = [0] * n, [[] for _ in range(n)]
-    for i in sorted(range(len(costs)), key=lambda i: -costs[i]):
-        k = loads.index(min(loads))
-        loads[k] += costs[i]
-        shares[k].append(i)
-    return [sorted(s) for s in shares]
 
 
 FIXED = 8      # a batch's work beside its source length, in source positions (docs/performance.md: the deal)
@@ -54,60 +52,117 @@ def cost(batch: Batch) -> int:
     return len(batch) * (max((len(s) for s in batch), default=0) + FIXED)
 
 
-class Workers:
-    """N spawned processes, each holding a copy of `translator` (a Translator that decodes in-process: its model,
-    compile mode and cache folder); `decode` deals batches to them."""
+def costliest_first(batches: Sequence[Batch]) -> list[int]:
+    """The order every process takes the batches in: the costliest first, so the job ends on small ones."""
+    return sorted(range(len(batches)), key=lambda i: -cost(batches[i]))
 
-    def __init__(self, translator, n: int) -> None:
+
+class Workers:
+    """N - 1 spawned helpers, each holding a Translator that decodes in-process (`recipe`: a Translator to copy, or
+    a function that makes one in the helper: decoding/commands.py `helper_translator`); `decode` shares a job's
+    batches with them.
+    `key`: what the helpers decode with (model, compile, cache, precision), for the Translator to compare."""
+
+    def __init__(self, recipe, n: int, key: tuple | None = None) -> None:
         context = multiprocessing.get_context("spawn")
-        self.key = (translator.model, translator.compile, translator.compile_cache, translator.precision)   # held
-        self.pipes, self.processes = [], []
-        for _ in range(n):
+        helpers = n - 1
+        self.key = key if key is not None else (recipe.model, recipe.compile, recipe.compile_cache, recipe.precision)
+        self.shared = context.Array("q", 2 + 2 * helpers)        # JOB, NEXT, taken per helper, started per helper
+        self.job, self.pipes, self.processes = 0, [], []
+        for k in range(helpers):
             ours, theirs = context.Pipe()
-            process = context.Process(target=_serve, args=(theirs, translator, warnings.filters), daemon=True)
+            process = context.Process(target=_serve, args=(theirs, self.shared, k, recipe, warnings.filters),
+                                      daemon=True)
             process.start()
             theirs.close()
             self.pipes.append(ours)
             self.processes.append(process)
         atexit.register(self.close)            # before multiprocessing's own exit handler, which terminates them
 
-    def decode(self, batches: Sequence[Batch], beam: int, alpha: float, max_length: int | None, stop: str,
-               sentences: int) -> list[list[list[int]]]:
-        """Target ids per batch, in the order of `batches`; a worker that fails or ends is a RuntimeError."""
-        shares = deal([cost(b) for b in batches], len(self.pipes))
-        out: list = [None] * len(batches)
+    def decode(self, batches: Sequence[Batch], here: Callable[[Iterable[Batch]], list], beam: int, alpha: float,
+               max_length: int | None, stop: str, sentences: int) -> list[list[list[int]]]:
+        """Target ids per batch, in the order of `batches`; `here`: this process's decoding of the batches it takes
+        (an iterable, consumed as it decodes). A helper that fails or ends is a RuntimeError."""
+        order = costliest_first(batches)
+        job, helpers = [batches[i] for i in order], len(self.pipes)
+        self.job += 1
+        with self.shared.get_lock():
+            self.shared[JOB], self.shared[NEXT] = self.job, 0
+            self.shared[2: 2 + helpers] = [0] * helpers
         try:
-            for pipe, share in zip(self.pipes, shares, strict=True):
-                pipe.send(([batches[i] for i in share], beam, alpha, max_length, stop, sentences))
-            replies = [pipe.recv() for pipe in self.pipes]
+            for pipe in self.pipes:
+                pipe.send((self.job, job, beam, alpha, max_length, stop, sentences))
+            mine: list[int] = []
+            found = here(_taken(self.shared, self.job, job, mine))
+            out: list = [None] * len(job)
+            for i, hyps in zip(mine, found, strict=True):
+                out[i] = hyps
+            for pipe, n in zip(self.pipes, self.taken(), strict=True):     # the count is spent: no one takes more
+                reply = self._reply(pipe) if n else []
+                if isinstance(reply, str):
+                    raise RuntimeError(reply)
+                for i, hyps in reply:
+                    out[i] = hyps
         except (EOFError, OSError) as error:
             raise RuntimeError(f"a decoding worker ended ({type(error).__name__})") from error
-        for reply, share in zip(replies, shares, strict=True):
-            if isinstance(reply, str):
-                raise RuntimeError(reply)
-            for i, found in zip(share, reply, strict=True):
-                out[i] = found
-        return out
+        result: list = [None] * len(batches)
+        for position, i in enumerate(order):
+            result[i] = out[position]
+        return result
+
+    def _reply(self, pipe):
+        """The helper's reply to this job (replies to earlier jobs it took nothing of are dropped)."""
+        while True:
+            job, reply = pipe.recv()
+            if job == self.job:
+                return reply
+
+    def taken(self) -> list[int]:
+        """How many batches of the last job each helper took."""
+        with self.shared.get_lock():
+            return list(self.shared[2: 2 + len(self.pipes)])
+
+    def started(self) -> list[bool]:
+        """Whether each helper has made its Translator and waits for jobs."""
+        return [bool(flag) for flag in self.shared[2 + len(self.pipes):]]
 
     def close(self) -> None:
         atexit.unregister(self.close)
+        started = self.started()
         for pipe in self.pipes:
             pipe.close()
-        for process in self.processes:
+        for process, ready in zip(self.processes, started, strict=True):
+            if not ready:                                        # still starting: no package loaded, nothing to wait
+                process.kill()
             process.join(timeout=5)
             if process.is_alive():
                 process.kill()
 
 
+def _taken(shared, number: int, job: list[Batch], taken: list[int], helper: int | None = None) -> Iterator[Batch]:
+    """The batches of job `number` this process takes from the shared count, one at a time (their positions appended
+    to `taken`); ends when the count is spent or another job began."""
+    while True:
+        with shared.get_lock():
+            i = shared[NEXT]
+            if shared[JOB] != number or i >= len(job):
+                return
+            shared[NEXT] = i + 1
+            if helper is not None:
+                shared[2 + helper] += 1
+        taken.append(i)
+        yield job[i]
+
+
 def note(line: str) -> None:
-    """A worker's one-line remark, on stderr."""
+    """A helper's one-line remark, on stderr."""
     print(f"glassformer (worker): {line}", file=sys.stderr)
 
 
-def _serve(pipe, translator, filters: list) -> None:
-    """A worker process's start and loop: one intra-op thread, the inductor cache and the warnings filters of the
-    job's command; then (batches, beam, alpha, max_length, stop, sentences) in, target ids per batch (or one line
-    of error) out."""
+def _serve(pipe, shared, helper: int, recipe, filters: list) -> None:
+    """A helper's start and loop: one intra-op thread, the inductor cache and the warnings filters of the job's
+    command, its Translator (a copy, or made by `recipe`); then (job, batches, beam, alpha, max_length, stop,
+    sentences) in, (job, [(position, target ids) for each batch it took]) or (job, one line of error) out."""
     import signal
 
     import torch
@@ -117,19 +172,33 @@ def _serve(pipe, translator, filters: list) -> None:
     warnings.filters[:] = filters                         # what the command chose not to print (inductor's, tuning)
     signal.signal(signal.SIGINT, signal.SIG_IGN)          # Ctrl-C is the Translator's process's to answer
     torch.set_num_threads(1)
+    try:
+        translator = recipe() if callable(recipe) else recipe
+    except Exception:                                     # the command's own load says what is wrong, once
+        return
+    translator.notes = note
     if translator.compile != "off":
         use_compile_cache(translator.compile_cache)
     translator.threads = 1                                                   # its packages: built for one thread
+    shared[2 + (len(shared) - 2) // 2 + helper] = 1                          # started: closed with a wait
     while True:
         try:
-            batches, beam, alpha, max_length, translator.stop, sentences = pipe.recv()
-        except (EOFError, OSError):                                          # the Translator's process is gone
-            return
+            number, job, beam, alpha, max_length, translator.stop, sentences = pipe.recv()
+        except (EOFError, OSError):             # the Translator's process is done: its packages let go (the C++
+            translator.close()                  # loader removes the folder it unpacked each into), then out without
+            sys.stderr.flush()                  # the interpreter's teardown (~0.7 s with torch, the command waits)
+            os._exit(0)
+        taken: list[int] = []
         try:
-            reply = translator.decode_batches(batches, beam, alpha, max_length, sentences)
+            with shared.get_lock():
+                spent = shared[JOB] != number or shared[NEXT] >= len(job)
+            found = [] if spent else translator.decode_batches(_taken(shared, number, job, taken, helper), beam,
+                                                                alpha, max_length, sentences)
+            reply = list(zip(taken, found, strict=True))
         except Exception as error:                                           # sent back, raised there
             reply = f"a decoding worker failed: {type(error).__name__}: {error}"
         try:
-            pipe.send(reply)
+            pipe.send((number, reply))
         except OSError:                                                      # the Translator stopped listening
             return
+

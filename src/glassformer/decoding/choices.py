@@ -1,0 +1,6 @@
+"""Decoding's named choices, light to import: the commands build their options from them before torch loads (so
+--workers' helpers start at once: decoding/workers.py)."""
+
+STOP_RULES = ("bound", "full", "top")   # when a sentence's beam search is done (decoding/search.py's docstring)
+DEFAULT_STOP = "bound"
+AUTO_MIN_SENTENCES = 20_000    # auto builds for jobs that win a build back (~45 s: ~19,000 sentences at beam 4)
