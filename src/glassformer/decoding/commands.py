@@ -38,8 +38,9 @@ def _add_decoding(parser: argparse.ArgumentParser, beam: int = 1) -> None:
                              f"{AUTO_MIN_SENTENCES} sentences build them); on = build what the job needs; off = "
                              "eager; the same tokens")
     parser.add_argument("--workers", type=positive, default=1, metavar="N",
-                        help="decode a job's batches in N processes at once, one thread each (at most the usable "
-                             "cores; default 1): faster for long jobs on several cores, a few seconds to start")
+                        help="decode a job's batches in N processes at once, this one and N - 1 helpers, one thread "
+                             "each (at most the usable cores; default 1): faster for jobs of thousands of sentences; "
+                             "the helpers start while this process loads the model")
     parser.add_argument("--compile-cache", metavar="DIR",
                         help="where compiled decoding steps are kept (default $TORCHINDUCTOR_CACHE_DIR, else "
                              "~/.cache/glassformer/inductor)")
