@@ -44,10 +44,24 @@ def systems(args) -> dict[str, list[str]]:
         ct2 = [sys.executable, "-m", "benchmarks.ct2_translate", "--model", args.ct2, "--threads", str(args.threads),
                "--max-positions", str(_max_len(args.run))]
         for dtype in args.dtypes.split(","):
-            out[f"ctranslate2/{dtype}"] = [*ct2, "--compute-type", dtype]
-            if args.threads > 1:
+            if args.threads == 1 or args.ct2_layouts in ("both", "intra"):
+                out[f"ctranslate2/{dtype}"] = [*ct2, "--compute-type", dtype]
+            if args.threads > 1 and args.ct2_layouts in ("both", "inter"):
                 out[f"ctranslate2/{dtype}-inter"] = [*ct2, "--compute-type", dtype, "--inter"]
     return out
+
+
+def sample(n: int, shortest: int = 2, longest: int = 40, seed: int = 0) -> list[str]:
+    """`n` distinct Chinese sentences of the Tatoeba training slice, `shortest`..`longest` characters, drawn with
+    `seed`: a job whose every sentence is new (no shape a process has seen), as a user's file is."""
+    import random
+
+    from glassformer.data.datasets import load_tatoeba_splits
+
+    pool = sorted({p.zh for p in load_tatoeba_splits().train if shortest <= len(p.zh) <= longest})
+    if n > len(pool):
+        raise ValueError(f"--sample: {n} sentences, over the {len(pool)} there are")
+    return random.Random(seed).sample(pool, n)
 
 
 def _max_len(run: str) -> int:
@@ -68,7 +82,8 @@ def race(args) -> dict:
     from glassformer.data.datasets import load_split
     from glassformer.inference.precision import cpu_precision_support
 
-    lines = [p.zh for p in [*load_split("test"), *load_split("tatoeba")]] * args.repeat
+    lines = (sample(args.sample) if args.sample else [p.zh for p in [*load_split("test"), *load_split("tatoeba")]]
+             ) * args.repeat
     commands = systems(args)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)                          # noqa: E731
     report = {"machine": {"cpu": torch_capability(), "flags": sorted(cpu_precision_support().flags),
@@ -214,6 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", default="greedy-b32,greedy-b1,beam4-b32", help=f"of {', '.join(CASES)}")
     p.add_argument("--dtypes", default="float32,int8", help="precisions of both sides (default float32,int8)")
     p.add_argument("--repeat", type=int, default=1, help="the 1,247 sentences this many times (default 1)")
+    p.add_argument("--sample", type=int, metavar="N", help="N distinct Tatoeba training sentences (2-40 characters, "
+                   "seed 0) in place of the 1,247 (e.g. 5120: every sentence new, as in a user's file)")
+    p.add_argument("--ct2-layouts", choices=("both", "inter", "intra"), default="both",
+                   help="CTranslate2's layouts on several threads: inter_threads, one translator's intra-op threads, "
+                        "or both (default)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="default: the usable cores")
     p.add_argument("--out", help="JSON report (default benchmarks/results/command-DATE.json, .md beside it)")

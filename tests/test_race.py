@@ -232,7 +232,7 @@ def test_the_command_race_runs_what_a_user_runs(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text('{"model": {"max_len": 96}}')
-    args = argparse.Namespace(run=str(run), ct2=str(tmp_path), threads=2, dtypes="float32,int8")
+    args = argparse.Namespace(run=str(run), ct2=str(tmp_path), threads=2, dtypes="float32,int8", ct2_layouts="both")
     lines = command.systems(args)
     assert sorted(lines) == ["ctranslate2/float32", "ctranslate2/float32-inter", "ctranslate2/int8",
                              "ctranslate2/int8-inter", "glassformer/float32/workers1", "glassformer/float32/workers2",
@@ -242,3 +242,20 @@ def test_the_command_race_runs_what_a_user_runs(tmp_path):
     assert gf[gf.index("--dtype") + 1] == "int8" and gf[gf.index("--workers") + 1] == "2"
     assert "--inter" in lines["ctranslate2/int8-inter"] and "--inter" not in lines["ctranslate2/int8"]
     assert lines["ctranslate2/float32"][lines["ctranslate2/float32"].index("--max-positions") + 1] == "96"
+    args.ct2_layouts = "inter"
+    assert sorted(n for n in command.systems(args) if n.startswith("ctranslate2")) == ["ctranslate2/float32-inter",
+                                                                                      "ctranslate2/int8-inter"]
+    args.threads = 1                                                     # one thread: its one layout either way
+    assert sorted(n for n in command.systems(args) if n.startswith("ctranslate2")) == ["ctranslate2/float32",
+                                                                                      "ctranslate2/int8"]
+
+
+def test_the_command_races_sample_is_distinct_new_sentences_of_the_asked_length():
+    from benchmarks import command
+
+    from glassformer.data.datasets import load_split
+
+    lines = command.sample(500)
+    assert len(lines) == len(set(lines)) == 500 and all(2 <= len(line) <= 40 for line in lines)
+    assert lines == command.sample(500)                                  # the same draw each time
+    assert not set(lines) & {p.zh for split in ("test", "tatoeba") for p in load_split(split)}
