@@ -506,18 +506,26 @@ def test_translate_with_workers_prints_the_same_lines(model_dir, capsys, monkeyp
     assert "decoding in 2 processes (this one and 1 more)" in err             # a helper was started
 
 
-def test_the_command_starts_its_helpers_before_torch_loads(model_dir, tmp_path):
-    """translate --workers 2 starts its helper before this process imports torch (so both starts overlap), and
-    loading a model does not import torch's compiler stack (a model built on the meta device did: 1.4 s)."""
-    code = ("import json, sys, multiprocessing.process as p\n"
-            "seen, start = [], p.BaseProcess.start\n"
-            "p.BaseProcess.start = lambda self: seen.append('torch' in sys.modules) or start(self)\n"
+def test_the_command_starts_its_helpers_before_it_loads_the_model(model_dir, tmp_path):
+    """translate --workers 2 starts its helper before this process loads the model (so both starts overlap): on Linux
+    forked once torch is imported and before it ran (the helper imports nothing again), elsewhere spawned before
+    torch loads; at the exit it ends by itself (a forked helper that kept our end of its pipe never heard the end,
+    and was killed after 5 s); and loading a model does not import torch's compiler stack (a model built on the
+    meta device did: 1.4 s of every start)."""
+    code = ("import atexit, json, sys, multiprocessing.process as p\n"
+            "seen, started, start = [], [], p.BaseProcess.start\n"
+            "p.BaseProcess.start = lambda self: seen.append([type(self).__name__, 'torch' in sys.modules, "
+            "'glassformer.decoding.translator' in sys.modules]) or started.append(self) or start(self)\n"
             "from glassformer.cli import main\n"
             "code = main(['translate', '--model', sys.argv[1], '--batch-size', '1', '--workers', '2', '--compile', "
             "'off', '我很好。', '你好', '谢谢你！'])\n"
-            "print(json.dumps([code, seen, 'torch._dynamo' in sys.modules]), file=sys.stderr)\n")
+            "loaded = 'torch._dynamo' in sys.modules\n"
+            "atexit._run_exitfuncs()\n"                                  # the helpers closed, as at the exit
+            "print(json.dumps([code, seen, loaded, [h.exitcode for h in started]]), file=sys.stderr)\n")
     done = subprocess.run([sys.executable, "-c", code, str(model_dir)], capture_output=True, text=True, timeout=300)
-    assert json.loads(done.stderr.strip().splitlines()[-1]) == [0, [False], False], done.stderr[-2000:]
+    fork = sys.platform.startswith("linux")
+    expected = [0, [["ForkProcess", True, False] if fork else ["SpawnProcess", False, False]], False, [0]]
+    assert json.loads(done.stderr.strip().splitlines()[-1]) == expected, done.stderr[-2000:]
     assert len(done.stdout.splitlines()) == 3
 
 

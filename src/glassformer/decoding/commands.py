@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import sys
 import warnings
 
@@ -57,9 +58,9 @@ def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
 
 def _translator(args, sentences: int):
     """The Translator of --model and the length penalty; the beam and --max-length within their limits first. With
-    --workers N and a job of more than one batch of `sentences`, its N - 1 helpers are started first, before this
-    process imports torch, each loading the model itself while this process does (decoding/workers.py), and this
-    process decodes on one thread."""
+    --workers N and a job of more than one batch of `sentences`, its N - 1 helpers are started first (`_helpers`),
+    each loading the model itself while this process does (decoding/workers.py), and this process decodes on one
+    thread."""
     from .workers import check_workers
 
     limits.check("--beam", args.beam, "MAX_BEAM")
@@ -91,8 +92,9 @@ def _translator(args, sentences: int):
 
 
 def _helpers(args, workers: int, sentences: int, compile: str):
-    """The helper processes of --workers, started now (before this process loads torch and the model), for a CPU
-    job of more than one batch; else None."""
+    """The helper processes of --workers, for a CPU job of more than one batch (else None), started before this
+    process loads the model: forked once torch is imported (where the platform forks and torch has not run here:
+    the command's own start), else spawned now, before torch loads here."""
     import functools
 
     from .workers import Workers
@@ -101,7 +103,11 @@ def _helpers(args, workers: int, sentences: int, compile: str):
         return None
     recipe = functools.partial(helper_translator, str(model_dir(args)), "cpu", args.dtype, compile,
                                getattr(args, "compile_cache", None))
-    return Workers(recipe, workers, key=())
+    if "torch" in sys.modules or "fork" not in multiprocessing.get_all_start_methods():   # torch may have run here
+        return Workers(recipe, workers, key=())                          # a fresh interpreter each, started now
+    import torch  # noqa: F401  (imported once, then forked: a helper skips its own import, no start contends with it)
+
+    return Workers(recipe, workers, key=(), method="fork")
 
 
 def helper_translator(folder: str, device: str, precision: str, compile: str, compile_cache: str | None):

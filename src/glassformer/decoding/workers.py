@@ -8,13 +8,13 @@ The decoding loop is Python: two threads of one process wait on each other's int
 operation, two processes do not. Every process takes the next batch from one shared count, costliest first (no
 round trip a batch; a helper that is slow or still starting takes fewer, and the job never waits for one that took
 none), and a helper sends its translations back once the count is spent. This process decodes its share at its own
-thread count: the commands set one (decoding/commands.py). A helper is a spawned process with one intra-op thread and
-its own compiled packages (built for one thread): a copy of the Translator's model (`Workers(translator, n)`), or
-the model loaded from its folder (decoding/commands.py: the commands start it before they import torch and load
-the model themselves, so both starts overlap). Helpers stay for the Translator's later jobs and end with the
-process that started them: at its exit they are closed (their pipes, then a wait, so each lets go of its packages:
-the C++ loader then removes the folder it unpacked each into); one still starting, which has loaded no package, is
-stopped there.
+thread count: the commands set one (decoding/commands.py). A helper is a process with one intra-op thread and its
+own compiled packages (built for one thread): a spawned copy of the Translator's model (`Workers(translator, n)`),
+or the model loaded from its folder (decoding/commands.py: the commands fork it once torch is imported, before they
+load the model themselves, so both starts overlap and the helper imports nothing twice). Helpers stay for the
+Translator's later jobs and end with the process that started them: at its exit they are closed (their pipes, then
+a wait, so each lets go of its packages: the C++ loader then removes the folder it unpacked each into); one still
+starting, which has loaded no package, is stopped there.
 """
 
 from __future__ import annotations
@@ -58,21 +58,23 @@ def costliest_first(batches: Sequence[Batch]) -> list[int]:
 
 
 class Workers:
-    """N - 1 spawned helpers, each holding a Translator that decodes in-process (`recipe`: a Translator to copy, or
+    """N - 1 helper processes, each holding a Translator that decodes in-process (`recipe`: a Translator to copy, or
     a function that makes one in the helper: decoding/commands.py `helper_translator`); `decode` shares a job's
-    batches with them.
+    batches with them. `method`: how they start, "spawn" (a fresh interpreter), or "fork" for a process that has
+    imported torch but run nothing of it yet (no thread pool to lose; the commands' helpers on Linux).
     `key`: what the helpers decode with (model, compile, cache, precision), for the Translator to compare."""
 
-    def __init__(self, recipe, n: int, key: tuple | None = None) -> None:
-        context = multiprocessing.get_context("spawn")
+    def __init__(self, recipe, n: int, key: tuple | None = None, method: str = "spawn") -> None:
+        context = multiprocessing.get_context(method)          # "fork": only before this process has run torch
         helpers = n - 1
         self.key = key if key is not None else (recipe.model, recipe.compile, recipe.compile_cache, recipe.precision)
         self.shared = context.Array("q", 2 + 2 * helpers)        # JOB, NEXT, taken per helper, started per helper
         self.job, self.pipes, self.processes = 0, [], []
         for k in range(helpers):
             ours, theirs = context.Pipe()
-            process = context.Process(target=_serve, args=(theirs, self.shared, k, recipe, warnings.filters),
-                                      daemon=True)
+            inherited = [*self.pipes, ours] if method == "fork" else []     # a forked helper holds our ends too
+            process = context.Process(target=_serve, args=(theirs, self.shared, k, recipe, warnings.filters,
+                                                           inherited), daemon=True)
             process.start()
             theirs.close()
             self.pipes.append(ours)
@@ -159,10 +161,13 @@ def note(line: str) -> None:
     print(f"glassformer (worker): {line}", file=sys.stderr)
 
 
-def _serve(pipe, shared, helper: int, recipe, filters: list) -> None:
+def _serve(pipe, shared, helper: int, recipe, filters: list, inherited: list = ()) -> None:
     """A helper's start and loop: one intra-op thread, the inductor cache and the warnings filters of the job's
     command, its Translator (a copy, or made by `recipe`); then (job, batches, beam, alpha, max_length, stop,
-    sentences) in, (job, [(position, target ids) for each batch it took]) or (job, one line of error) out."""
+    sentences) in, (job, [(position, target ids) for each batch it took]) or (job, one line of error) out.
+    `inherited`: the other ends of the pipes, which a forked helper closes (else it never hears the end of its own)."""
+    for end in inherited:
+        end.close()
     import signal
 
     import torch
