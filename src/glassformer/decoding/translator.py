@@ -164,6 +164,10 @@ class Translator:
                 copy = Translator(self.model, None, None, compile=self.compile, compile_cache=self.compile_cache)
                 copy.precision = self.precision                              # each helper makes its own copy
                 self.use_workers(Workers(copy, self.workers))
+            if not self._workers.announced:                                  # once, at its first job
+                n = len(self._workers.pipes)
+                self._note(f"decoding in {n + 1} processes (this one and {n} more)")
+                self._workers.announced = True
             here = functools.partial(self.decode_batches, beam=beam, alpha=alpha, max_length=max_length,
                                      sentences=sentences)
             return self._workers.decode(batches, here, beam, alpha, max_length, self.stop, sentences)
@@ -176,7 +180,6 @@ class Translator:
         """Decode long jobs with `workers` (decoding/workers.py), made for this Translator's model as it is now."""
         workers.key = self._held()
         self._workers = workers
-        self._note(f"decoding in {len(workers.pipes) + 1} processes (this one and {len(workers.pipes)} more)")
 
     def _held(self) -> tuple:
         return (self.model, self.compile, self.compile_cache, self.precision)

@@ -70,6 +70,7 @@ class Workers:
         self.key = key if key is not None else (recipe.model, recipe.compile, recipe.compile_cache, recipe.precision)
         self.shared = context.Array("q", 2 + 2 * helpers)        # JOB, NEXT, taken per helper, started per helper
         self.job, self.pipes, self.processes = 0, [], []
+        self.announced = False                                   # the Translator's note said at the first job
         for k in range(helpers):
             ours, theirs = context.Pipe()
             inherited = [*self.pipes, ours] if method == "fork" else []     # a forked helper holds our ends too
