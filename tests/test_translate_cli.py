@@ -415,6 +415,32 @@ def _slow_start(folder: str):
     return Translator.load(folder)
 
 
+def _never_starts():
+    """A helper's recipe that does not return for a minute (module level: the spawned helper imports it)."""
+    import time
+
+    time.sleep(60)
+
+
+def test_a_job_larger_than_a_pipe_holds_is_not_held_up_by_a_helper_still_starting():
+    """The helpers read a job's batches from a file and the pipes carry one line: this process decodes the whole of
+    a job of ~2 MB (a socket holds ~200 KB) while its helper still starts, and the job's file is gone after it."""
+    import time
+
+    from glassformer.decoding.workers import Workers
+
+    helpers = Workers(_never_starts, 2, key=())
+    batches = [[[5 + (i + j) % 50] * (1 + (i + j) % 30) for j in range(32)] for i in range(1500)]
+    began = time.monotonic()
+    try:
+        found = helpers.decode(batches, lambda taken: [[len(b)] for b in taken], 1, 1.0, None, "bound", 48_000)
+        assert found == [[len(b)] for b in batches] and helpers.taken() == [0]
+        assert time.monotonic() - began < 20 and os.listdir(helpers.folder) == []
+    finally:
+        helpers.close()
+    assert not helpers.processes[0].is_alive() and not os.path.exists(helpers.folder)
+
+
 def test_a_helper_still_starting_is_not_waited_for(model_dir):
     """The job ends when the count is spent: a helper that never took a batch (still starting) holds nothing up,
     and closing stops it there (it has loaded no package)."""
@@ -512,14 +538,19 @@ def test_the_command_starts_its_helpers_before_it_loads_the_model(model_dir, tmp
     torch loads; at the exit it ends by itself (a forked helper that kept our end of its pipe never heard the end,
     and was killed after 5 s); and loading a model does not import torch's compiler stack (a model built on the
     meta device did: 1.4 s of every start)."""
-    code = ("import atexit, json, sys, multiprocessing.process as p\n"
-            "seen, started, start = [], [], p.BaseProcess.start\n"
+    code = ("import atexit, json, sys, time, multiprocessing.process as p\n"
+            "import glassformer.decoding.workers as w\n"
+            "seen, started, made, start, init = [], [], [], p.BaseProcess.start, w.Workers.__init__\n"
             "p.BaseProcess.start = lambda self: seen.append([type(self).__name__, 'torch' in sys.modules, "
             "'glassformer.decoding.translator' in sys.modules]) or started.append(self) or start(self)\n"
+            "w.Workers.__init__ = lambda self, *a, **k: made.append(self) or init(self, *a, **k)\n"
             "from glassformer.cli import main\n"
             "code = main(['translate', '--model', sys.argv[1], '--batch-size', '1', '--workers', '2', '--compile', "
             "'off', '我很好。', '你好', '谢谢你！'])\n"
             "loaded = 'torch._dynamo' in sys.modules\n"
+            "for _ in range(600):\n"                                     # the helper started (else it is killed)
+            "    if made[0].started() == [True]: break\n"
+            "    time.sleep(0.1)\n"
             "atexit._run_exitfuncs()\n"                                  # the helpers closed, as at the exit
             "print(json.dumps([code, seen, loaded, [h.exitcode for h in started]]), file=sys.stderr)\n")
     done = subprocess.run([sys.executable, "-c", code, str(model_dir)], capture_output=True, text=True, timeout=300)

@@ -22,7 +22,10 @@ from __future__ import annotations
 import atexit
 import multiprocessing
 import os
+import pickle
+import shutil
 import sys
+import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
@@ -70,6 +73,7 @@ class Workers:
         self.key = key if key is not None else (recipe.model, recipe.compile, recipe.compile_cache, recipe.precision)
         self.shared = context.Array("q", 2 + 2 * helpers)        # JOB, NEXT, taken per helper, started per helper
         self.job, self.pipes, self.processes = 0, [], []
+        self.folder = tempfile.mkdtemp(prefix="glassformer-jobs-")   # each job's batches, written once for all
         self.announced = False                                   # the Translator's note said at the first job
         for k in range(helpers):
             ours, theirs = context.Pipe()
@@ -92,9 +96,12 @@ class Workers:
         with self.shared.get_lock():
             self.shared[JOB], self.shared[NEXT] = self.job, 0
             self.shared[2: 2 + helpers] = [0] * helpers
+        path = os.path.join(self.folder, f"{self.job}.pickle")       # the pipes carry a line, never block on a
+        with open(path, "wb") as f:                                    # helper still starting (a socket holds
+            pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)      # ~200 KB: a job of ~8,000 sentences)
         try:
             for pipe in self.pipes:
-                pipe.send((self.job, job, beam, alpha, max_length, stop, sentences))
+                pipe.send((self.job, path, beam, alpha, max_length, stop, sentences))
             mine: list[int] = []
             found = here(_taken(self.shared, self.job, job, mine))
             out: list = [None] * len(job)
@@ -108,6 +115,8 @@ class Workers:
                     out[i] = hyps
         except (EOFError, OSError) as error:
             raise RuntimeError(f"a decoding worker ended ({type(error).__name__})") from error
+        finally:
+            os.remove(path)                   # a helper that reads it later finds the job's count spent first
         result: list = [None] * len(batches)
         for position, i in enumerate(order):
             result[i] = out[position]
@@ -140,6 +149,7 @@ class Workers:
             process.join(timeout=5)
             if process.is_alive():
                 process.kill()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _taken(shared, number: int, job: list[Batch], taken: list[int], helper: int | None = None) -> Iterator[Batch]:
@@ -157,6 +167,21 @@ def _taken(shared, number: int, job: list[Batch], taken: list[int], helper: int 
         yield job[i]
 
 
+def _job(shared, number: int, path: str) -> list[Batch] | None:
+    """Job `number`'s batches, read from the file the Translator's process wrote, or None when there is nothing
+    left of it to take (another job began, its count is spent, or it ended and its file is gone)."""
+    with shared.get_lock():
+        if shared[JOB] != number:
+            return None
+    try:
+        with open(path, "rb") as f:                                   # ours: written for this job, read here
+            job = pickle.load(f)
+    except FileNotFoundError:
+        return None
+    with shared.get_lock():
+        return job if shared[JOB] == number and shared[NEXT] < len(job) else None
+
+
 def note(line: str) -> None:
     """A helper's one-line remark, on stderr."""
     print(f"glassformer (worker): {line}", file=sys.stderr)
@@ -165,7 +190,8 @@ def note(line: str) -> None:
 def _serve(pipe, shared, helper: int, recipe, filters: list, inherited: list = ()) -> None:
     """A helper's start and loop: one intra-op thread, the inductor cache and the warnings filters of the job's
     command, its Translator (a copy, or made by `recipe`); then (job, batches, beam, alpha, max_length, stop,
-    sentences) in, (job, [(position, target ids) for each batch it took]) or (job, one line of error) out.
+    sentences) in (the batches in a file: their path), (job, [(position, target ids) for each batch it took]) or
+    (job, one line of error) out.
     `inherited`: the other ends of the pipes, which a forked helper closes (else it never hears the end of its own)."""
     for end in inherited:
         end.close()
@@ -189,17 +215,16 @@ def _serve(pipe, shared, helper: int, recipe, filters: list, inherited: list = (
     shared[2 + (len(shared) - 2) // 2 + helper] = 1                          # started: closed with a wait
     while True:
         try:
-            number, job, beam, alpha, max_length, translator.stop, sentences = pipe.recv()
+            number, path, beam, alpha, max_length, translator.stop, sentences = pipe.recv()
         except (EOFError, OSError):             # the Translator's process is done: its packages let go (the C++
             translator.close()                  # loader removes the folder it unpacked each into), then out without
             sys.stderr.flush()                  # the interpreter's teardown (~0.7 s with torch, the command waits)
             os._exit(0)
         taken: list[int] = []
         try:
-            with shared.get_lock():
-                spent = shared[JOB] != number or shared[NEXT] >= len(job)
-            found = [] if spent else translator.decode_batches(_taken(shared, number, job, taken, helper), beam,
-                                                                alpha, max_length, sentences)
+            job = _job(shared, number, path)                              # None: the job is over
+            found = [] if job is None else translator.decode_batches(
+                _taken(shared, number, job, taken, helper), beam, alpha, max_length, sentences)
             reply = list(zip(taken, found, strict=True))
         except Exception as error:                                           # sent back, raised there
             reply = f"a decoding worker failed: {type(error).__name__}: {error}"
