@@ -429,7 +429,7 @@ def test_a_job_larger_than_a_pipe_holds_is_not_held_up_by_a_helper_still_startin
 
     from glassformer.decoding.workers import Workers
 
-    helpers = Workers(_never_starts, 2, key=())
+    helpers = Workers(_never_starts, 2)
     batches = [[[5 + (i + j) % 50] * (1 + (i + j) % 30) for j in range(32)] for i in range(1500)]
     began = time.monotonic()
     try:
@@ -454,7 +454,7 @@ def test_a_helper_still_starting_is_not_waited_for(model_dir):
     here.batch_size = 1
     expected = here.translate(lines)
     began = time.monotonic()
-    helpers = Workers(functools.partial(_slow_start, str(model_dir)), 2, key=())
+    helpers = Workers(functools.partial(_slow_start, str(model_dir)), 2)
     here.workers = 2
     here.use_workers(helpers)
     assert here.translate(lines) == expected and helpers.taken() == [0] and helpers.started() == [False]

@@ -104,10 +104,10 @@ def _helpers(args, workers: int, sentences: int, compile: str):
     recipe = functools.partial(helper_translator, str(model_dir(args)), "cpu", args.dtype, compile,
                                getattr(args, "compile_cache", None))
     if "torch" in sys.modules or "fork" not in multiprocessing.get_all_start_methods():   # torch may have run here
-        return Workers(recipe, workers, key=())                          # a fresh interpreter each, started now
+        return Workers(recipe, workers)                                  # a fresh interpreter each, started now
     import torch  # noqa: F401  (imported once, then forked: a helper skips its own import, no start contends with it)
 
-    return Workers(recipe, workers, key=(), method="fork")
+    return Workers(recipe, workers, method="fork")
 
 
 def helper_translator(folder: str, device: str, precision: str, compile: str, compile_cache: str | None):

@@ -64,13 +64,12 @@ class Workers:
     """N - 1 helper processes, each holding a Translator that decodes in-process (`recipe`: a Translator to copy, or
     a function that makes one in the helper: decoding/commands.py `helper_translator`); `decode` shares a job's
     batches with them. `method`: how they start, "spawn" (a fresh interpreter), or "fork" for a process that has
-    imported torch but run nothing of it yet (no thread pool to lose; the commands' helpers on Linux).
-    `key`: what the helpers decode with (model, compile, cache, precision), for the Translator to compare."""
+    imported torch but run nothing of it yet (no thread pool to lose; the commands' helpers on Linux)."""
 
-    def __init__(self, recipe, n: int, key: tuple | None = None, method: str = "spawn") -> None:
+    def __init__(self, recipe, n: int, method: str = "spawn") -> None:
         context = multiprocessing.get_context(method)          # "fork": only before this process has run torch
         helpers = n - 1
-        self.key = key if key is not None else (recipe.model, recipe.compile, recipe.compile_cache, recipe.precision)
+        self.key: tuple | None = None          # what they decode with: set by the Translator using them (use_workers)
         self.shared = context.Array("q", 2 + 2 * helpers)        # JOB, NEXT, taken per helper, started per helper
         self.job, self.pipes, self.processes = 0, [], []
         self.folder = tempfile.mkdtemp(prefix="glassformer-jobs-")   # each job's batches, written once for all
@@ -136,7 +135,7 @@ class Workers:
 
     def started(self) -> list[bool]:
         """Whether each helper has made its Translator and waits for jobs."""
-        return [bool(flag) for flag in self.shared[2 + len(self.pipes):]]
+        return [bool(self.shared[_started_at(len(self.pipes), k)]) for k in range(len(self.pipes))]
 
     def close(self) -> None:
         atexit.unregister(self.close)
@@ -150,6 +149,11 @@ class Workers:
             if process.is_alive():
                 process.kill()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _started_at(helpers: int, helper: int) -> int:
+    """Where the shared count keeps whether `helper` (of `helpers`) has started: after JOB, NEXT and the counts."""
+    return 2 + helpers + helper
 
 
 def _taken(shared, number: int, job: list[Batch], taken: list[int], helper: int | None = None) -> Iterator[Batch]:
@@ -212,7 +216,7 @@ def _serve(pipe, shared, helper: int, recipe, filters: list, inherited: list = (
     if translator.compile != "off":
         use_compile_cache(translator.compile_cache)
     translator.threads = 1                                                   # its packages: built for one thread
-    shared[2 + (len(shared) - 2) // 2 + helper] = 1                          # started: closed with a wait
+    shared[_started_at((len(shared) - 2) // 2, helper)] = 1                   # started: closed with a wait
     while True:
         try:
             number, path, beam, alpha, max_length, translator.stop, sentences = pipe.recv()
