@@ -59,8 +59,8 @@ def sample(n: int, shortest: int = 2, longest: int = 40, seed: int = 0) -> list[
     from glassformer.data.datasets import load_tatoeba_splits
 
     pool = sorted({p.zh for p in load_tatoeba_splits().train if shortest <= len(p.zh) <= longest})
-    if n > len(pool):
-        raise ValueError(f"--sample: {n} sentences, over the {len(pool)} there are")
+    if not 1 <= n <= len(pool):
+        raise ValueError(f"--sample: {n} sentences, outside 1..{len(pool)} (the distinct ones there are)")
     return random.Random(seed).sample(pool, n)
 
 
@@ -78,12 +78,10 @@ def _run(command: list[str], text: str) -> tuple[float, str]:
     return seconds, done.stdout
 
 
-def race(args) -> dict:
-    from glassformer.data.datasets import load_split
+def race(args, lines: list[str]) -> dict:
+    """Each system on `lines` (the Chinese input, one a line), as `args` asks."""
     from glassformer.inference.precision import cpu_precision_support
 
-    lines = (sample(args.sample) if args.sample else [p.zh for p in [*load_split("test"), *load_split("tatoeba")]]
-             ) * args.repeat
     commands = systems(args)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)                          # noqa: E731
     report = {"machine": {"cpu": torch_capability(), "flags": sorted(cpu_precision_support().flags),
@@ -247,7 +245,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.split:
         print(json.dumps(split(args), indent=1))
         return 0
-    report = race(args)
+    from glassformer.data.datasets import load_split
+
+    try:
+        lines = sample(args.sample) if args.sample is not None else [p.zh for split in ("test", "tatoeba")
+                                                                       for p in load_split(split)]
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
+    report = race(args, lines * args.repeat)
     out = Path(args.out) if args.out else HERE / "results" / f"command-{datetime.date.today().isoformat()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))

@@ -250,7 +250,7 @@ def test_the_command_race_runs_what_a_user_runs(tmp_path):
                                                                                       "ctranslate2/int8"]
 
 
-def test_the_command_races_sample_is_distinct_new_sentences_of_the_asked_length():
+def test_the_command_races_sample_is_distinct_new_sentences_of_the_asked_length(tmp_path, capsys):
     from benchmarks import command
 
     from glassformer.data.datasets import load_split
@@ -259,3 +259,7 @@ def test_the_command_races_sample_is_distinct_new_sentences_of_the_asked_length(
     assert len(lines) == len(set(lines)) == 500 and all(2 <= len(line) <= 40 for line in lines)
     assert lines == command.sample(500)                                  # the same draw each time
     assert not set(lines) & {p.zh for split in ("test", "tatoeba") for p in load_split(split)}
+    for n in ("0", "10000000"):                                          # outside 1..the pool: one line, status 2
+        assert command.main(["--run", str(tmp_path), "--sample", n]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"--sample: {n} sentences, outside 1..")
