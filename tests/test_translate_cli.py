@@ -532,6 +532,22 @@ def test_translate_with_workers_prints_the_same_lines(model_dir, capsys, monkeyp
     assert "decoding in 2 processes (this one and 1 more)" in err             # a helper was started
 
 
+def test_without_a_compiler_the_command_and_its_helpers_say_so_once(model_dir, tmp_path):
+    """--compile on --workers 2 where no C++ compiler is found: one line for the whole command (its helper makes the
+    same decision and keeps quiet), and the eager lines."""
+    lines = "".join(f"{line}\n" for line in ["我很好。", "你叫什么名字？", "谢谢你！", "我们明天去学校。"])
+    command = [sys.executable, "-m", "glassformer.cli", "translate", "--model", str(model_dir), "--batch-size", "1"]
+    env = {**os.environ, "PATH": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env.pop("CXX", None)
+    eager = subprocess.run([*command, "--compile", "off"], input=lines, capture_output=True, text=True, env=env)
+    done = subprocess.run([*command, "--compile", "on", "--workers", "2"], input=lines, capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout == eager.stdout and len(eager.stdout.splitlines()) == 4
+    assert done.stderr.splitlines() == ["glassformer: decoding in 2 processes (this one and 1 more)",
+                                        "glassformer: --compile on: no C++ compiler found (g++, clang++ or $CXX); "
+                                        "decoding eagerly"], done.stderr
+
+
 def test_the_command_starts_its_helpers_before_it_loads_the_model(model_dir, tmp_path):
     """translate --workers 2 starts its helper before this process loads the model (so both starts overlap): on Linux
     forked once torch is imported and before it ran (the helper imports nothing again), elsewhere spawned before

@@ -186,11 +186,6 @@ def _job(shared, number: int, path: str) -> list[Batch] | None:
         return job if shared[JOB] == number and shared[NEXT] < len(job) else None
 
 
-def note(line: str) -> None:
-    """A helper's one-line remark, on stderr."""
-    print(f"glassformer (worker): {line}", file=sys.stderr)
-
-
 def _serve(pipe, shared, helper: int, recipe, filters: list, inherited: list = ()) -> None:
     """A helper's start and loop: one intra-op thread, the inductor cache and the warnings filters of the job's
     command, its Translator (a copy, or made by `recipe`); then (job, batches, beam, alpha, max_length, stop,
@@ -212,7 +207,7 @@ def _serve(pipe, shared, helper: int, recipe, filters: list, inherited: list = (
         translator = recipe() if callable(recipe) else recipe
     except Exception:                                     # the command's own load says what is wrong, once
         return
-    translator.notes = note
+    translator.notes = None              # its remarks (a build, no compiler) are the command's own: said there once
     if translator.compile != "off":
         use_compile_cache(translator.compile_cache)
     translator.threads = 1                                                   # its packages: built for one thread
