@@ -576,6 +576,36 @@ def test_the_command_starts_its_helpers_before_it_loads_the_model(model_dir, tmp
     assert len(done.stdout.splitlines()) == 3
 
 
+def test_the_command_and_its_helper_keep_the_model_out_of_the_collectors_passes(model_dir):
+    """A long job's allocations set off the interpreter's full collections, each of which walked every object torch
+    and the model made (~0.1 s each, three a 5,120-sentence job): the command and its helper freeze them once the
+    model is loaded, so no parameter of the model decoding a batch is among the objects a collection walks."""
+    code = ("import gc, os, sys, time\n"
+            "import glassformer.decoding.commands as c\n"                 # light: the helper is forked, as run
+            "command, made, helper = os.getpid(), c._translator, c.helper_translator\n"
+            "def watched(translator):\n"
+            "    decode = translator.decode_batches\n"
+            "    def seen(batches, *a, **k):\n"
+            "        if os.getpid() == command:\n"                      # slowed: the helper takes batches too
+            "            batches = (time.sleep(0.3) or b for b in batches)\n"
+            "        walked = {id(o) for o in gc.get_objects()}\n"
+            "        hit = sum(id(p) in walked for p in translator.model.parameters())\n"
+            "        print('walked', os.getpid(), hit, len(list(translator.model.parameters())), file=sys.stderr)\n"
+            "        return decode(batches, *a, **k)\n"
+            "    translator.decode_batches = seen\n"
+            "    return translator\n"
+            "c._translator = lambda *a: (lambda t, alpha: (watched(t), alpha))(*made(*a))\n"
+            "c.helper_translator = lambda *a: watched(helper(*a))\n"
+            "from glassformer.cli import main\n"
+            "sys.exit(main(['translate', '--model', sys.argv[1], '--batch-size', '1', '--workers', '2', '--compile', "
+            "'off', *['我很好。', '你好', '谢谢你！'] * 8]))\n")
+    done = subprocess.run([sys.executable, "-c", code, str(model_dir)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 24, done.stderr[-2000:]
+    walked = [line.split()[1:] for line in done.stderr.splitlines() if line.startswith("walked ")]
+    assert len({pid for pid, *_ in walked}) == 2, done.stderr[-2000:]          # the command and its helper
+    assert all(hit == "0" and int(params) > 10 for _, hit, params in walked), walked
+
+
 def test_workers_decode_at_the_translators_precision_and_refuse_a_converted_model(model_dir):
     """precision = "bfloat16": each worker converts its copy of the float32 model and prints what the process
     prints at that precision; a bfloat16 copy set as the model itself (unpicklable) is one note, decoded here."""

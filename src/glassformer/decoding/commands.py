@@ -6,6 +6,7 @@ Decoding, data and evaluation modules are imported inside the runners, so `--hel
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import multiprocessing
 import sys
@@ -60,7 +61,9 @@ def _translator(args, sentences: int):
     """The Translator of --model and the length penalty; the beam and --max-length within their limits first. With
     --workers N and a job of more than one batch of `sentences`, its N - 1 helpers are started first (`_helpers`),
     each loading the model itself while this process does (decoding/workers.py), and this process decodes on one
-    thread."""
+    thread. Once the model is loaded the objects made so far are frozen (`gc.freeze`): the interpreter's full
+    collections, which a long job's allocations set off (two in a 5,120-sentence job, one at exit), walked every
+    object of torch and the model, ~0.1 s each (docs/performance.md)."""
     from .workers import check_workers
 
     limits.check("--beam", args.beam, "MAX_BEAM")
@@ -76,6 +79,7 @@ def _translator(args, sentences: int):
     from .translator import Translator
 
     translator = Translator.load(model_dir(args), device_name(args.device))
+    gc.freeze()                     # torch's and the model's objects out of the collector's full passes (~0.1 s each)
     translator.check_max_length(args.max_length)
     translator.precision = args.dtype
     translator.decoding_model()                                              # its copy now: a bad dtype, exit 2
@@ -107,6 +111,7 @@ def _helpers(args, workers: int, sentences: int, compile: str):
         return Workers(recipe, workers)                                  # a fresh interpreter each, started now
     import torch  # noqa: F401  (imported once, then forked: a helper skips its own import, no start contends with it)
 
+    gc.freeze()                     # what both share, never walked again by a full collection (nor copied on write)
     return Workers(recipe, workers, method="fork")
 
 

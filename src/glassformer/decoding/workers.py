@@ -20,6 +20,7 @@ starting, which has loaded no package, is stopped there.
 from __future__ import annotations
 
 import atexit
+import gc
 import multiprocessing
 import os
 import pickle
@@ -207,6 +208,7 @@ def _serve(pipe, shared, helper: int, recipe, filters: list, inherited: list = (
         translator = recipe() if callable(recipe) else recipe
     except Exception:                                     # the command's own load says what is wrong, once
         return
+    gc.freeze()                          # its model's objects out of the collector's full passes: commands.py
     translator.notes = None              # its remarks (a build, no compiler) are the command's own: said there once
     if translator.compile != "off":
         use_compile_cache(translator.compile_cache)
