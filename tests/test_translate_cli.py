@@ -16,6 +16,7 @@ import torch
 
 from glassformer.cli import main
 from glassformer.decoding.translator import Translator
+from glassformer.errors import UsageError
 from glassformer.training.commands import add_train_arguments
 from glassformer.training.loop import train
 
@@ -530,6 +531,48 @@ def test_translate_with_workers_prints_the_same_lines(model_dir, capsys, monkeyp
                                                       "--workers", "2", *lines])
     assert code == code2 == 0 and together == alone and len(alone.splitlines()) == 5
     assert "decoding in 2 processes (this one and 1 more)" in err             # a helper was started
+
+
+def test_workers_auto_counts_a_process_for_every_eight_batches_within_the_cores():
+    from glassformer.decoding.commands import auto_workers
+
+    assert auto_workers(15 * 64, 64, 2) == 1                 # 15 batches: the command's process alone
+    assert auto_workers(15 * 64 + 1, 64, 2) == 2             # 16 batches (the last one sentence): two processes
+    assert auto_workers(5120, 32, 2) == 2 and auto_workers(5120, 32, 3) == 3
+    assert auto_workers(5120, 32, 64) == 8                   # at most 8, whatever the cores
+    assert auto_workers(5120, 32, 1) == 1 and auto_workers(1, 64, 16) == 1 and auto_workers(0, 64, 16) == 1
+
+
+def test_workers_auto_keeps_a_process_that_ran_torch_or_another_device_to_itself(model_dir):
+    """In a process that imported torch (a test, a notebook) helpers would be spawned, a second or more each: auto
+    starts none there, nor for another device; a count asked for is still checked against the cores."""
+    from glassformer.decoding.commands import _workers
+    from glassformer.threads import usable_cores
+
+    job = argparse.Namespace(workers="auto", device="cpu", batch_size=1)
+    assert "torch" in sys.modules and _workers(job, 10_000) == 1
+    assert _workers(argparse.Namespace(workers="auto", device="cuda", batch_size=1), 10_000) == 1
+    assert _workers(argparse.Namespace(workers=1, device="cpu"), 10_000) == 1
+    with pytest.raises(UsageError, match="--workers"):
+        _workers(argparse.Namespace(workers=usable_cores() + 1, device="cpu"), 10_000)
+
+
+def test_a_long_job_is_decoded_beside_helpers_by_default(model_dir):
+    """The command, by default (--workers auto), decodes a job of 16 batches in two processes where it may use two
+    cores (a process for every 8 batches), the lines of one process; 15 batches: one."""
+    from glassformer.threads import usable_cores
+
+    command = [sys.executable, "-m", "glassformer.cli", "translate", "--model", str(model_dir), "--batch-size", "1"]
+    lines = ["我很好。", "你叫什么名字？", "谢谢你！", "我们明天去学校。"] * 4
+    text = "".join(f"{line}\n" for line in lines)
+    auto = subprocess.run(command, input=text, capture_output=True, text=True, timeout=300)
+    alone = subprocess.run([*command, "--workers", "1"], input=text, capture_output=True, text=True, timeout=300)
+    short = subprocess.run(command, input=text[: text.rindex("我")], capture_output=True, text=True, timeout=300)
+    assert auto.returncode == alone.returncode == short.returncode == 0, auto.stderr[-2000:]
+    assert auto.stdout == alone.stdout and len(alone.stdout.splitlines()) == 16
+    two = usable_cores() >= 2
+    assert ("decoding in 2 processes" in auto.stderr) == two, auto.stderr
+    assert "processes" not in alone.stderr and "processes" not in short.stderr, short.stderr
 
 
 def test_without_a_compiler_the_command_and_its_helpers_say_so_once(model_dir, tmp_path):

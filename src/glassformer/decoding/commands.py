@@ -15,7 +15,7 @@ import warnings
 from .. import limits
 from ..errors import UsageError
 from ..options import add_model_arguments, device_name, model_dir, positive
-from .choices import AUTO_MIN_SENTENCES, DEFAULT_STOP, STOP_RULES
+from .choices import AUTO_BATCHES_A_WORKER, AUTO_MIN_SENTENCES, AUTO_MOST_WORKERS, DEFAULT_STOP, STOP_RULES
 
 
 def _add_decoding(parser: argparse.ArgumentParser, beam: int = 1) -> None:
@@ -39,13 +39,32 @@ def _add_decoding(parser: argparse.ArgumentParser, beam: int = 1) -> None:
                              "auto (default) = the packages built before, the shapes without one eagerly (jobs over "
                              f"{AUTO_MIN_SENTENCES} sentences build them); on = build what the job needs; off = "
                              "eager; the same tokens")
-    parser.add_argument("--workers", type=positive, default=1, metavar="N",
+    parser.add_argument("--workers", type=_workers_option, default="auto", metavar="N|auto",
                         help="decode a job's batches in N processes at once, this one and N - 1 helpers, one thread "
-                             "each (at most the usable cores; default 1): faster for jobs of thousands of sentences; "
-                             "the helpers start while this process loads the model")
+                             "each (at most the usable cores): faster for jobs of thousands of sentences; the helpers "
+                             f"start while this process loads the model. auto (default): a process for every "
+                             f"{AUTO_BATCHES_A_WORKER} batches of the job, at most the usable cores and "
+                             f"{AUTO_MOST_WORKERS}, on the CPU (else 1)")
     parser.add_argument("--compile-cache", metavar="DIR",
                         help="where compiled decoding steps are kept (default $TORCHINDUCTOR_CACHE_DIR, else "
                              "~/.cache/glassformer/inductor)")
+
+
+def _workers_option(text: str) -> str | int:
+    """--workers: "auto" or a positive count."""
+    if text == "auto":
+        return text
+    try:
+        return positive(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected auto or a positive integer, got {text!r}") from None
+
+
+def auto_workers(sentences: int, batch_size: int, cores: int) -> int:
+    """--workers auto: a process for every AUTO_BATCHES_A_WORKER batches of a job of `sentences`, at most `cores`
+    and AUTO_MOST_WORKERS, at least one (a short job: this process alone, on every core)."""
+    batches = -(-sentences // batch_size)
+    return max(1, min(cores, AUTO_MOST_WORKERS, batches // AUTO_BATCHES_A_WORKER))
 
 
 def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
@@ -64,12 +83,10 @@ def _translator(args, sentences: int):
     thread. Once the model is loaded the objects made so far are frozen (`gc.freeze`): the interpreter's full
     collections, which a long job's allocations set off (two in a 5,120-sentence job, one at exit), walked every
     object of torch and the model, ~0.1 s each (docs/performance.md)."""
-    from .workers import check_workers
-
     limits.check("--beam", args.beam, "MAX_BEAM")
     if args.max_length is not None:
         limits.check("--max-length", args.max_length, "MAX_SENTENCE_TOKENS")
-    workers, compile = check_workers(getattr(args, "workers", 1)), getattr(args, "compile", "off")
+    workers, compile = _workers(args, sentences), getattr(args, "compile", "off")
     if compile != "off":
         warnings.filterwarnings("ignore", category=FutureWarning)            # torch's own, while tracing
         warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning)   # inductor's, while tuning
@@ -93,6 +110,22 @@ def _translator(args, sentences: int):
         translator.use_workers(helpers)
     _decoding_threads(args, sentences, helpers is not None)
     return translator, DEFAULT_ALPHA if args.alpha is None else args.alpha
+
+
+def _workers(args, sentences: int) -> int:
+    """The processes a job of `sentences` decodes in: --workers N (within the usable cores), or auto's count
+    (`auto_workers`) where its helpers can start cheaply: a CPU job in a command that can fork them before torch has
+    run (else 1: a caller that imported torch, as a test does, keeps its process to itself)."""
+    from ..threads import usable_cores
+    from .workers import check_workers
+
+    requested = getattr(args, "workers", 1)
+    if requested != "auto":
+        return check_workers(requested)
+    forks = "torch" not in sys.modules and "fork" in multiprocessing.get_all_start_methods()
+    if not forks or args.device != "cpu":                            # (another device: asked without torch)
+        return 1
+    return auto_workers(sentences, getattr(args, "batch_size", 64), usable_cores())
 
 
 def _helpers(args, workers: int, sentences: int, compile: str):
