@@ -7,6 +7,7 @@ import argparse
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -622,7 +623,8 @@ def test_the_command_starts_its_helpers_before_it_loads_the_model(model_dir, tmp
 def test_the_command_and_its_helper_keep_the_model_out_of_the_collectors_passes(model_dir):
     """A long job's allocations set off the interpreter's full collections, each of which walked every object torch
     and the model made (~0.1 s each, three a 5,120-sentence job): the command and its helper freeze them once the
-    model is loaded, so no parameter of the model decoding a batch is among the objects a collection walks."""
+    model is loaded, so no parameter of the model decoding a batch is among the objects a collection walks. The
+    helper gets ready for the command's job (its beam, batch size and sentences) while it waits for it."""
     code = ("import gc, os, sys, time\n"
             "import glassformer.decoding.commands as c\n"                 # light: the helper is forked, as run
             "command, made, helper = os.getpid(), c._translator, c.helper_translator\n"
@@ -633,20 +635,26 @@ def test_the_command_and_its_helper_keep_the_model_out_of_the_collectors_passes(
             "            batches = (time.sleep(0.3) or b for b in batches)\n"
             "        walked = {id(o) for o in gc.get_objects()}\n"
             "        hit = sum(id(p) in walked for p in translator.model.parameters())\n"
-            "        print('walked', os.getpid(), hit, len(list(translator.model.parameters())), file=sys.stderr)\n"
+            "        params = len(list(translator.model.parameters()))\n"
+            "        os.write(2, f'walked {os.getpid()} {hit} {params}\\n'.encode())\n"   # one write: lines whole
             "        return decode(batches, *a, **k)\n"
             "    translator.decode_batches = seen\n"
             "    return translator\n"
             "c._translator = lambda *a: (lambda t, alpha: (watched(t), alpha))(*made(*a))\n"
-            "c.helper_translator = lambda *a: watched(helper(*a))\n"
+            "def helped(*a):\n"
+            "    translator = watched(helper(*a))\n"
+            "    translator.warm = lambda *job: os.write(2, f'warm {\" \".join(map(str, job))}\\n'.encode())\n"
+            "    return translator\n"
+            "c.helper_translator = helped\n"
             "from glassformer.cli import main\n"
             "sys.exit(main(['translate', '--model', sys.argv[1], '--batch-size', '1', '--workers', '2', '--compile', "
             "'off', *['我很好。', '你好', '谢谢你！'] * 8]))\n")
     done = subprocess.run([sys.executable, "-c", code, str(model_dir)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and len(done.stdout.splitlines()) == 24, done.stderr[-2000:]
-    walked = [line.split()[1:] for line in done.stderr.splitlines() if line.startswith("walked ")]
+    walked = re.findall(r"walked (\d+) (\d+) (\d+)\n", done.stderr)          # (lines of two processes)
     assert len({pid for pid, *_ in walked}) == 2, done.stderr[-2000:]          # the command and its helper
     assert all(hit == "0" and int(params) > 10 for _, hit, params in walked), walked
+    assert "warm 1 1 24\n" in done.stderr, done.stderr                  # the helper got ready for the job
 
 
 def test_workers_decode_at_the_translators_precision_and_refuse_a_converted_model(model_dir):
@@ -712,3 +720,32 @@ def test_compiled_workers_leave_no_unpacked_package_behind(model_dir, shared_pac
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[:2] == ["4 True", "4"]      # while both held them: 2 packages each
     assert [p.name for p in temp.glob("aotinductor_*")] == []
+
+
+@pytest.mark.xdist_group("model_dir_packages")
+@pytest.mark.slow
+def test_a_helper_gets_ready_for_its_job_with_what_was_built_and_builds_nothing(model_dir, shared_packages,
+                                                                                 tmp_path, monkeypatch):
+    """`warm` (a helper's, while it waits for its job): with the packages built, the ones a batch and a sentence
+    decode with are loaded then, and the job that follows loads none and prints the eager lines; where none was
+    built, it traces, builds and loads nothing (the first batch that needs a package builds it)."""
+    from glassformer.inference import compiler
+
+    if compiler.cxx_compiler() is None:
+        pytest.skip("needs a C++ compiler")
+    ready = Translator.load(model_dir)
+    ready.compile, ready.compile_cache, ready.threads, ready.batch_size = "on", str(shared_packages), 1, 1
+    eager = Translator.load(model_dir).translate(SENTENCES)
+    assert ready.translate(SENTENCES) == eager                                # built, or found, by the job itself
+    loads, load = [], compiler._load
+    monkeypatch.setattr(compiler, "_load", lambda path, packs: loads.append(path.name) or load(path, packs))
+    helper = Translator.load(model_dir)
+    helper.compile, helper.compile_cache, helper.threads, helper.batch_size = "on", str(shared_packages), 1, 1
+    helper.warm(1, 1, len(SENTENCES))
+    assert len(loads) == 2, loads                                             # the source side and the step
+    assert helper.translate(SENTENCES) == eager and len(loads) == 2, loads    # nothing more at the job
+    monkeypatch.setattr(torch.export, "export", lambda *a, **k: pytest.fail("traced"))
+    fresh = Translator.load(model_dir)
+    fresh.compile, fresh.compile_cache, fresh.threads = "on", str(tmp_path / "none"), 1
+    fresh.warm(1, 1, len(SENTENCES))
+    assert len(loads) == 2 and not list((tmp_path / "none").rglob("*.pt2"))     # (the products' timing, at most)

@@ -139,7 +139,8 @@ def _helpers(args, workers: int, sentences: int, compile: str):
     if workers < 2 or sentences <= getattr(args, "batch_size", 64) or device_name(args.device) != "cpu":
         return None
     recipe = functools.partial(helper_translator, str(model_dir(args)), "cpu", args.dtype, compile,
-                               getattr(args, "compile_cache", None))
+                               getattr(args, "compile_cache", None),
+                               (args.beam, getattr(args, "batch_size", 64), sentences))
     if "torch" in sys.modules or "fork" not in multiprocessing.get_all_start_methods():   # torch may have run here
         return Workers(recipe, workers)                                  # a fresh interpreter each, started now
     import torch  # noqa: F401  (imported once, then forked: a helper skips its own import, no start contends with it)
@@ -148,9 +149,11 @@ def _helpers(args, workers: int, sentences: int, compile: str):
     return Workers(recipe, workers, method="fork")
 
 
-def helper_translator(folder: str, device: str, precision: str, compile: str, compile_cache: str | None):
+def helper_translator(folder: str, device: str, precision: str, compile: str, compile_cache: str | None,
+                      job: tuple[int, int, int] | None = None):
     """A helper's Translator, made in the helper: the model loaded from its run folder, at `precision`, its packages
-    kept under `compile_cache` (--compile-cache; None: the default folder)."""
+    kept under `compile_cache` (--compile-cache; None: the default folder); `job`: the (beam, batch size, sentences)
+    of the command's job, which the helper gets ready for while it waits for it (`Translator.warm`)."""
     from ..inference.compiler import cache_folder
     from .translator import Translator
 
@@ -158,6 +161,7 @@ def helper_translator(folder: str, device: str, precision: str, compile: str, co
     translator.precision, translator.compile = precision, compile
     translator.compile_cache = str(cache_folder(compile_cache)) if compile != "off" else None
     translator.decoding_model()                                      # its copy at `precision`, while still starting
+    translator.expected = job
     return translator
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..data.batching import padded
-from ..data.tokenize import SourceEncoding, SourceTokenizer, TargetTokenizer
+from ..data.tokenize import UNK, SourceEncoding, SourceTokenizer, TargetTokenizer
 from ..errors import UsageError
 from ..inference import compiler, prepare
 from ..inference.compiler import CompiledDecoder, cache_folder, unsupported
@@ -65,6 +65,7 @@ class Translator:
         self._compiled: CompiledDecoder | None = None                        # the model's packages, once loaded
         self.threads: int | None = None                  # the packages' thread count (default: the usable cores)
         self.workers, self._workers = 1, None            # decoding processes; started at the first long job
+        self.expected: tuple[int, int, int] | None = None    # a helper's: the job it waits for (`warm`)
 
     @classmethod
     def load(cls, folder, device: str | torch.device = "cpu") -> Translator:
@@ -140,6 +141,19 @@ class Translator:
                                 compiled=compiled)
             found.append([h[0].tokens for h in hyps])
         return found
+
+    def warm(self, beam: int, batch_size: int, sentences: int) -> None:
+        """Get ready for a job of `sentences` at `beam` in batches of `batch_size` (a helper does while it waits for
+        its job): with compiled steps whose packages were built before (`built`), the prepared copy made and the
+        packages a batch and a sentence decode with loaded, by decoding two made-up sources (unknown units) one
+        step each; nothing is built (a missing package is left to the batch that needs it)."""
+        if self.compile == "off" or self.device.type != "cpu":
+            return
+        search = strategy(beam, scores=False)
+        _, compiled = self._decoder(sentences, search)
+        if compiled is not None and compiled.built(search):
+            unknown = [UNK, UNK]
+            self.decode_batches([[unknown] * batch_size, [unknown]], beam, DEFAULT_ALPHA, 1, sentences)
 
     def decoding_model(self):
         """The model at `precision`: the model itself for float32, else its copy (made at the first call after

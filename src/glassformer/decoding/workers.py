@@ -11,7 +11,8 @@ none), and a helper sends its translations back once the count is spent. This pr
 thread count: the commands set one (decoding/commands.py). A helper is a process with one intra-op thread and its
 own compiled packages (built for one thread): a spawned copy of the Translator's model (`Workers(translator, n)`),
 or the model loaded from its folder (decoding/commands.py: the commands fork it once torch is imported, before they
-load the model themselves, so both starts overlap and the helper imports nothing twice). Helpers stay for the
+load the model themselves, so both starts overlap and the helper imports nothing twice; it then loads the packages
+the command's job decodes with while it waits for it: `Translator.warm`). Helpers stay for the
 Translator's later jobs and end with the process that started them: at its exit they are closed (their pipes, then
 a wait, so each lets go of its packages: the C++ loader then removes the folder it unpacked each into); one still
 starting, which has loaded no package, is stopped there.
@@ -214,6 +215,8 @@ def _serve(pipe, shared, helper: int, recipe, filters: list, inherited: list = (
         use_compile_cache(translator.compile_cache)
     translator.threads = 1                                                   # its packages: built for one thread
     shared[_started_at((len(shared) - 2) // 2, helper)] = 1                   # started: closed with a wait
+    if translator.expected is not None:                  # what the command's job decodes with, loaded while it waits
+        translator.warm(*translator.expected)
     while True:
         try:
             number, path, beam, alpha, max_length, translator.stop, sentences = pipe.recv()
