@@ -657,6 +657,25 @@ def test_the_command_and_its_helper_keep_the_model_out_of_the_collectors_passes(
     assert "warm 1 1 24\n" in done.stderr, done.stderr                  # the helper got ready for the job
 
 
+def test_evaluate_forks_its_helpers_before_torch_runs(model_dir):
+    """evaluate (interpret/evaluation.py's command, which wraps decoding's) builds its options and reads its split
+    without torch, so its helpers are forked as translate's are (it imported torch at its module's top: --workers
+    spawned them, a second import each, and auto never started one)."""
+    code = ("import json, sys, multiprocessing.process as p\n"
+            "seen, start = [], p.BaseProcess.start\n"
+            "p.BaseProcess.start = lambda self: seen.append([type(self).__name__, 'torch' in sys.modules, "
+            "'glassformer.decoding.translator' in sys.modules]) or start(self)\n"
+            "from glassformer.cli import main\n"
+            "code = main(['evaluate', '--model', sys.argv[1], '--split', 'dev', '--beam', '1', '--workers', '2', "
+            "'--json'])\n"
+            "print(json.dumps([code, seen]), file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(model_dir)], capture_output=True, text=True, timeout=300)
+    fork = sys.platform.startswith("linux")
+    expected = [0, [["ForkProcess", True, False] if fork else ["SpawnProcess", False, False]]]
+    assert json.loads(done.stderr.strip().splitlines()[-1]) == expected, done.stderr[-2000:]
+    assert json.loads(done.stdout)["sentences"] > 64                             # more than a batch: helpers
+
+
 def test_workers_decode_at_the_translators_precision_and_refuse_a_converted_model(model_dir):
     """precision = "bfloat16": each worker converts its copy of the float32 model and prints what the process
     prints at that precision; a bfloat16 copy set as the model itself (unpicklable) is one note, decoded here."""

@@ -230,14 +230,15 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def evaluate_command(args) -> int:
+    # no torch before `_translator`: its helpers fork first (evaluate_pairs imports it, after)
     from ..data.datasets import load_split
-    from .evaluate import evaluate_pairs
 
     if args.input == "gold" and args.split not in ("dev", "test"):
         raise UsageError(f"--input gold needs the corpus segmentation: only --split dev/test have it, not {args.split}")
     folder = model_dir(args)
     pairs = load_split(args.split)
     translator, alpha = _translator(args, len(pairs))
+    from .evaluate import evaluate_pairs
     result = evaluate_pairs(translator, pairs, args.input, args.beam, alpha, args.max_length)
     if args.json:
         print(json.dumps({"model": str(folder), "split": args.split, "input": args.input, "beam": args.beam,

@@ -47,8 +47,8 @@ from ..errors import UsageError
 from ..model import sinusoidal_positions
 from . import alti, integrated
 from .integrated import DEFAULT_RULE, DEFAULT_TOLERANCE, Path, node_scores, objective, run
+from .methods import METHODS
 
-METHODS = ("saliency", "input-x-gradient", "integrated-gradients", "attention", "alti")
 GRADIENT_METHODS = METHODS[:3]
 DEFAULT_METHOD = "integrated-gradients"
 AUTO = "auto"                   # steps: doubled until every row is complete within the tolerance

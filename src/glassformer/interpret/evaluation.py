@@ -24,14 +24,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-import torch
-
 from ..decoding import commands
 from ..errors import UsageError
-from .attribution import attribute, source_share
-from .hallucination import DEFAULT_STEPS, SHARE_METHODS
-from .why import word_groups
+from .methods import SHARE_METHODS, SHARE_STEPS
+
+DEFAULT_STEPS = SHARE_STEPS     # (no torch at import: the command's helpers fork before it loads)
 
 DEFAULT_SHARE_METHOD = "alti"
 LOW = 0.5                       # a row below this takes more from the target prefix than from the source
@@ -61,6 +58,8 @@ def evaluate_command(args) -> int:
         return code
     scores = json.loads(printed.getvalue())
     hypotheses = scores.pop("hypotheses")
+    import torch
+
     from ..threads import decoding_threads
 
     torch.set_num_threads(decoding_threads(1))                              # the shares: one sentence at a time
@@ -94,6 +93,11 @@ def source_ids(translator, pair, input: str) -> list[int]:
 def word_shares(model, target, src: list[int], hypothesis: str, method: str,
                 steps: int = DEFAULT_STEPS) -> list[float | None]:
     """The source share of every word of `hypothesis` teacher-forced behind `src` (EOS a word of its own)."""
+    import torch
+
+    from .attribution import attribute, source_share
+    from .why import word_groups
+
     cfg = model.cfg
     device = next(model.parameters()).device
     ids = target.encode(hypothesis)
@@ -109,6 +113,8 @@ def word_shares(model, target, src: list[int], hypothesis: str, method: str,
 
 def distribution(values: Sequence[float]) -> dict[str, Any]:
     """count, mean, quartiles (numpy's linear rule) and the share below LOW; None entries when empty."""
+    import numpy as np
+
     v = np.asarray(values, dtype=np.float64)
     if v.size == 0:
         return {"count": 0, "mean": None, "q1": None, "median": None, "q3": None, "below_half": None}

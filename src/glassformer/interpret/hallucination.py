@@ -39,13 +39,13 @@ import torch
 
 from .. import limits
 from ..errors import UsageError
-from .attribution import METHODS, attribute, check_passes, check_steps, source_share
+from .attribution import attribute, check_passes, check_steps, source_share
+from .methods import SHARE_METHODS, SHARE_STEPS
 
 KINDS = ("right", "swapped", "half")
 WRONG = KINDS[1:]
-SHARE_METHODS = tuple(m for m in METHODS if m != "attention")   # attention has no source share
 DEFAULT_METHODS = ("alti", "integrated-gradients", "input-x-gradient")
-DEFAULT_STEPS = 32              # integrated gradients, trapezoid: the ranking of sentences, not 1 % completeness
+DEFAULT_STEPS = SHARE_STEPS     # integrated gradients, trapezoid (interpret/methods.py)
 DEFAULT_SENTENCES = 200
 DEFAULT_SPLIT = "tatoeba"
 REFERENCE = "seq-logprob"       # not a share: the mean log-probability of the target, for comparison
