@@ -9,9 +9,12 @@ whole file once untimed (`--compile on` builds or loads every package the job ne
 job and a one-sentence job (its start-up: the interpreter, imports, the model, the packages), in turn with the
 other systems. Reported per system: the job's seconds, the start-up's, and English words a second over the job
 less its start-up (the words of the output lines, split at spaces). glassformer: `translate --compile on
---batch-size B [--beam K] [--dtype D] --workers 1|2`; CTranslate2: one translator on `--threads` intra-op threads,
-and `inter_threads=--threads, intra_threads=1`, at float32 and int8. The outputs of glassformer's float32 systems
-must be one and the same (the report counts those that differ; the md5 of its lines tells a tree from another).
+--batch-size B [--beam K] [--dtype D] --workers 1|2`, and for a beam search each also with `--stop full`
+(`/stop-full`: CTranslate2's stopping rule with a length penalty, once K hypotheses are in; the default rule searches
+on until no live beam can still win: more steps), compared apart; CTranslate2: one translator on `--threads`
+intra-op threads, and `inter_threads=--threads, intra_threads=1`, at float32 and int8. The outputs of glassformer's
+float32 systems of one rule must be one and the same (the report counts those that differ from the default rule's;
+the md5 of its lines tells a tree from another).
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ def race(args, lines: list[str]) -> dict:
         beam, batch = CASES[case]
         job = lines[:B1_SENTENCES] if batch == 1 else lines
         text, one = "".join(f"{line}\n" for line in job), f"{job[0]}\n"
-        runs = {name: [*command, "--batch-size", str(batch), "--beam", str(beam)] for name, command in commands.items()}
+        runs = case_runs(commands, beam, batch)
         outputs = {}
         for name, command in runs.items():                                  # untimed: builds or loads, warms
             outputs[name] = _run(command, text)[1]
@@ -123,14 +126,33 @@ def race(args, lines: list[str]) -> dict:
     return report
 
 
+FULL = "/stop-full"      # a glassformer system's beam search stopped by CTranslate2's rule (`--stop full`)
+
+
+def case_runs(commands: dict[str, list[str]], beam: int, batch: int) -> dict[str, list[str]]:
+    """The case's command lines: each system at the batch size and beam; for a beam search, each glassformer system
+    also with `--stop full` (FULL): the default rule (bound) searches on until no live beam can still win,
+    CTranslate2 (with a length penalty) stops once K hypotheses are in, a search of fewer steps: like against like."""
+    runs = {name: [*command, "--batch-size", str(batch), "--beam", str(beam)] for name, command in commands.items()}
+    if beam > 1:
+        runs.update({name + FULL: [*line, "--stop", "full"] for name, line in list(runs.items())
+                     if name.startswith("glassformer/")})
+    return runs
+
+
 def _comparisons(rows: list[dict]) -> list[dict]:
-    """glassformer's fastest float32 over CTranslate2's fastest float32 layout; the fastest of each over all."""
-    def best(prefix: str, dtype: str = "") -> dict | None:
-        group = [r for r in rows if r["system"].startswith(prefix) and f"/{dtype}" in r["system"]]
+    """glassformer's fastest float32 over CTranslate2's fastest float32 layout; the fastest of each over all; for a
+    beam search, the same with glassformer's systems stopped by CTranslate2's rule (FULL)."""
+    def best(prefix: str, dtype: str = "", rule: bool = False) -> dict | None:
+        group = [r for r in rows if r["system"].startswith(prefix) and f"/{dtype}" in r["system"]
+                 and r["system"].endswith(FULL) == rule]
         return max(group, key=lambda r: r["words_per_s"]) if group else None
     out = []
-    for what, ours, theirs in (("float32", best("glassformer/", "float32"), best("ctranslate2/", "float32")),
-                               ("best against best", best("glassformer/"), best("ctranslate2/"))):
+    rule, theirs32, theirs_all = "CTranslate2's stopping rule", best("ctranslate2/", "float32"), best("ctranslate2/")
+    for what, ours, theirs in (("float32", best("glassformer/", "float32"), theirs32),
+                               ("best against best", best("glassformer/"), theirs_all),
+                               (f"float32, {rule}", best("glassformer/", "float32", True), theirs32),
+                               (f"best against best, {rule}", best("glassformer/", rule=True), theirs_all)):
         if ours and theirs:
             out.append({"comparison": what, "ours": ours["system"], "theirs": theirs["system"],
                         "speedup": speedup(ours["rates"], theirs["rates"])})

@@ -224,6 +224,35 @@ def test_the_command_race_sets_each_sides_fastest_against_the_other_round_by_rou
     assert by["best against best"]["speedup"]["min"] == pytest.approx(280 / 500)      # round 2
 
 
+def test_the_command_races_beam_search_also_at_ctranslate2s_stopping_rule():
+    """A beam case runs each glassformer system twice, at the default rule and at CTranslate2's (`--stop full`, the
+    search CTranslate2 runs with a length penalty: fewer steps), and compares each rule with CTranslate2 apart; a
+    greedy case has one rule."""
+    from benchmarks import command
+
+    commands = {"glassformer/float32/workers2": ["gf"], "ctranslate2/float32-inter": ["ct2"]}
+    greedy = command.case_runs(commands, 1, 32)
+    assert sorted(greedy) == sorted(commands) and greedy["glassformer/float32/workers2"] == ["gf", "--batch-size",
+                                                                                              "32", "--beam", "1"]
+    beam = command.case_runs(commands, 4, 32)
+    assert beam["glassformer/float32/workers2/stop-full"] == ["gf", "--batch-size", "32", "--beam", "4", "--stop",
+                                                              "full"]
+    assert "--stop" not in beam["glassformer/float32/workers2"] and "--stop" not in beam["ctranslate2/float32-inter"]
+
+    def row(system, rates):
+        return {"system": system, "rates": rates, "words_per_s": sorted(rates)[len(rates) // 2]}
+    rows = [row("glassformer/float32/workers2", [50, 40, 60]), row("glassformer/float32/workers2/stop-full",
+                                                                    [100, 90, 110]),
+            row("ctranslate2/float32-inter", [100, 100, 100])]
+    by = {c["comparison"]: c for c in command._comparisons(rows)}
+    assert by["float32"]["ours"] == "glassformer/float32/workers2"            # the default rule's, not the faster
+    assert by["float32"]["speedup"]["median"] == pytest.approx(0.5)
+    assert by["float32, CTranslate2's stopping rule"]["ours"] == "glassformer/float32/workers2/stop-full"
+    assert by["float32, CTranslate2's stopping rule"]["speedup"]["median"] == pytest.approx(1.0)
+    rows = rows[:1] + rows[2:]                                                   # greedy: no second rule
+    assert [c["comparison"] for c in command._comparisons(rows)] == ["float32", "best against best"]
+
+
 def test_the_command_race_runs_what_a_user_runs(tmp_path):
     """Each system is a command line: glassformer translate with --compile on at each precision and worker count
     (1 and the threads), CTranslate2's script in both thread layouts."""
