@@ -4,6 +4,7 @@ line, length limits, missing models, the `gave` row of explain."""
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import os
@@ -768,3 +769,39 @@ def test_a_helper_gets_ready_for_its_job_with_what_was_built_and_builds_nothing(
     fresh.compile, fresh.compile_cache, fresh.threads = "on", str(tmp_path / "none"), 1
     fresh.warm(1, 1, len(SENTENCES))
     assert len(loads) == 2 and not list((tmp_path / "none").rglob("*.pt2"))     # (the products' timing, at most)
+
+
+@pytest.mark.xdist_group("model_dir_packages")
+@pytest.mark.slow
+def test_the_compiled_command_lets_go_of_its_packages_before_it_leaves(model_dir, shared_packages, tmp_path):
+    """`translate --compile on` as the console script runs it (cli.run: its model's objects frozen out of the
+    collector, then out without the interpreter's teardown): the command closes its Translator, so the folders the
+    C++ loader unpacked its packages into are removed (two or three a run, ~10 MB each, were left when the frozen
+    Translator was never freed); the packages were loaded, the lines are the eager ones, the status 0."""
+    from glassformer.inference import compiler
+
+    if compiler.cxx_compiler() is None or not hasattr(os, "sched_setaffinity"):
+        pytest.skip("needs a C++ compiler and CPU affinity")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    code = ("import os, sys\n"
+            "import glassformer.decoding.translator as t\n"
+            "close = t.Translator.close\n"
+            "def counted(self):\n"
+            "    held = sum(p.startswith('aotinductor_') for p in os.listdir(os.environ['TMPDIR']))\n"
+            "    os.write(2, f'held {held}\\n'.encode())\n"
+            "    close(self)\n"
+            "t.Translator.close = counted\n"
+            "from glassformer.cli import run\n"
+            "sys.argv = ['glassformer', *sys.argv[1:]]\n"
+            "run()\n")
+    args = ["translate", "--model", str(model_dir), "--batch-size", "1", *SENTENCES]
+    one_core = functools.partial(os.sched_setaffinity, 0, {min(os.sched_getaffinity(0))})   # the session's packages
+    done = subprocess.run([sys.executable, "-c", code, *args, "--compile", "on", "--compile-cache",
+                           str(shared_packages)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TMPDIR": str(temp)}, preexec_fn=one_core)
+    eager = subprocess.run([sys.executable, "-m", "glassformer.cli", *args, "--compile", "off"], capture_output=True,
+                           text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout == eager.stdout and len(eager.stdout.splitlines()) == 3, done.stderr
+    assert "held 2" in done.stderr.splitlines(), done.stderr                  # the source side and the step
+    assert [p.name for p in temp.glob("aotinductor_*")] == []

@@ -8,9 +8,11 @@ it (so `glassformer trace` never loads the translator; `glassformer --help` load
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import importlib
 import json
+import os
 import sys
 
 from . import limits
@@ -105,5 +107,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
+# commands whose work is done once their output is written and their exit handlers have run (helpers closed, the
+# packages let go: decoding/commands.py): the process then leaves without the interpreter's teardown
+QUICK_EXIT = ("translate", "evaluate")
+
+
+def run() -> None:
+    """The `glassformer` console script (and `python -m glassformer.cli`): `main`, then the exit. After a QUICK_EXIT
+    command, once stdout and stderr are flushed and the exit handlers have run, the process leaves at once
+    (`os._exit`): the interpreter's teardown freed torch's objects one by one, ~0.2 s of every `translate`."""
+    code = main()
+    if sys.argv[1:2] != [] and sys.argv[1] in QUICK_EXIT:
+        with contextlib.suppress(BrokenPipeError):    # the reader left (`| head`): nothing more to say
+            sys.stdout.flush()
+        sys.stderr.flush()
+        atexit._run_exitfuncs()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -205,13 +205,16 @@ def add_translate_arguments(parser: argparse.ArgumentParser) -> None:
 def translate_command(args) -> int:
     lines = list(args.text) if args.text else [line.rstrip("\r\n") for line in sys.stdin]
     translator, alpha = _translator(args, sum(1 for line in lines if line.strip()))
-    translator.batch_size = args.batch_size
-    if args.verbose:
-        for n, enc in enumerate(translator.analyse(lines), start=1):
-            unknown = f"  unknown: {' '.join(enc.unknown)}" if enc.unknown else ""
-            print(f"[{n}] {'／'.join(enc.units)}{unknown}", file=sys.stderr)
-    for line in translator.translate(lines, args.beam, alpha, truncate=args.truncate, max_length=args.max_length):
-        print(line)
+    try:
+        translator.batch_size = args.batch_size
+        if args.verbose:
+            for n, enc in enumerate(translator.analyse(lines), start=1):
+                unknown = f"  unknown: {' '.join(enc.unknown)}" if enc.unknown else ""
+                print(f"[{n}] {'／'.join(enc.units)}{unknown}", file=sys.stderr)
+        translated = translator.translate(lines, args.beam, alpha, truncate=args.truncate, max_length=args.max_length)
+    finally:
+        translator.close()                       # its helpers and packages let go now (cli.run: a quick exit)
+    sys.stdout.write("".join(f"{line}\n" for line in translated))
     return 0
 
 
@@ -239,7 +242,11 @@ def evaluate_command(args) -> int:
     pairs = load_split(args.split)
     translator, alpha = _translator(args, len(pairs))
     from .evaluate import evaluate_pairs
-    result = evaluate_pairs(translator, pairs, args.input, args.beam, alpha, args.max_length)
+
+    try:
+        result = evaluate_pairs(translator, pairs, args.input, args.beam, alpha, args.max_length)
+    finally:
+        translator.close()                       # its helpers and packages let go now (cli.run: a quick exit)
     if args.json:
         print(json.dumps({"model": str(folder), "split": args.split, "input": args.input, "beam": args.beam,
                           "alpha": alpha, "stop": translator.stop, "max_length": args.max_length,
