@@ -624,8 +624,9 @@ def test_the_command_starts_its_helpers_before_it_loads_the_model(model_dir, tmp
 def test_the_command_and_its_helper_keep_the_model_out_of_the_collectors_passes(model_dir):
     """A long job's allocations set off the interpreter's full collections, each of which walked every object torch
     and the model made (~0.1 s each, three a 5,120-sentence job): the command and its helper freeze them once the
-    model is loaded, so no parameter of the model decoding a batch is among the objects a collection walks. The
-    helper gets ready for the command's job (its beam, batch size and sentences) while it waits for it."""
+    model is loaded, so no parameter of the model decoding a batch is among the objects a collection walks (as the
+    console script runs it: a caller of `main`, a test, keeps its collector). The helper gets ready for the
+    command's job (its beam, batch size and sentences) while it waits for it."""
     code = ("import gc, os, sys, time\n"
             "import glassformer.decoding.commands as c\n"                 # light: the helper is forked, as run
             "command, made, helper = os.getpid(), c._translator, c.helper_translator\n"
@@ -647,9 +648,10 @@ def test_the_command_and_its_helper_keep_the_model_out_of_the_collectors_passes(
             "    translator.warm = lambda *job: os.write(2, f'warm {\" \".join(map(str, job))}\\n'.encode())\n"
             "    return translator\n"
             "c.helper_translator = helped\n"
-            "from glassformer.cli import main\n"
-            "sys.exit(main(['translate', '--model', sys.argv[1], '--batch-size', '1', '--workers', '2', '--compile', "
-            "'off', *['我很好。', '你好', '谢谢你！'] * 8]))\n")
+            "from glassformer.cli import run\n"                              # the console script's entry
+            "sys.argv = ['glassformer', 'translate', '--model', sys.argv[1], '--batch-size', '1', '--workers', '2', "
+            "'--compile', 'off', *['我很好。', '你好', '谢谢你！'] * 8]\n"
+            "run()\n")
     done = subprocess.run([sys.executable, "-c", code, str(model_dir)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and len(done.stdout.splitlines()) == 24, done.stderr[-2000:]
     walked = re.findall(r"walked (\d+) (\d+) (\d+)\n", done.stderr)          # (lines of two processes)
@@ -675,6 +677,16 @@ def test_evaluate_forks_its_helpers_before_torch_runs(model_dir):
     expected = [0, [["ForkProcess", True, False] if fork else ["SpawnProcess", False, False]]]
     assert json.loads(done.stderr.strip().splitlines()[-1]) == expected, done.stderr[-2000:]
     assert json.loads(done.stdout)["sentences"] > 64                             # more than a batch: helpers
+
+
+def test_a_caller_of_main_keeps_its_collector(model_dir, capsys, monkeypatch):
+    """Only the console script's process is frozen (cli.run): a test or a notebook calling `main` keeps every object
+    it makes collectable (a frozen object is never collected: a frozen Translator never let go of its packages)."""
+    import gc
+
+    frozen = gc.get_freeze_count()
+    code, out, _ = _run(capsys, monkeypatch, ["translate", "--model", str(model_dir), "我很好。"])
+    assert code == 0 and out.strip() and gc.get_freeze_count() == frozen
 
 
 def test_workers_decode_at_the_translators_precision_and_refuse_a_converted_model(model_dir):

@@ -115,7 +115,11 @@ QUICK_EXIT = ("translate", "evaluate")
 def run() -> None:
     """The `glassformer` console script (and `python -m glassformer.cli`): `main`, then the exit. After a QUICK_EXIT
     command, once stdout and stderr are flushed and the exit handlers have run, the process leaves at once
-    (`os._exit`): the interpreter's teardown freed torch's objects one by one, ~0.2 s of every `translate`."""
+    (`os._exit`): the interpreter's teardown freed torch's objects one by one, ~0.2 s of every `translate`. The
+    process is the command's own: the decoding commands may freeze its objects out of the collector."""
+    from .decoding.commands import OWN_PROCESS
+
+    OWN_PROCESS["freeze"] = True
     code = main()
     if sys.argv[1:2] != [] and sys.argv[1] in QUICK_EXIT:
         with contextlib.suppress(BrokenPipeError):    # the reader left (`| head`): nothing more to say

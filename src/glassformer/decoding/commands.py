@@ -17,6 +17,8 @@ from ..errors import UsageError
 from ..options import add_model_arguments, device_name, model_dir, positive
 from .choices import AUTO_BATCHES_A_WORKER, AUTO_MIN_SENTENCES, AUTO_MOST_WORKERS, DEFAULT_STOP, STOP_RULES
 
+OWN_PROCESS = {"freeze": False}   # cli.run sets it: the command owns its process, its objects may be frozen (gc)
+
 
 def _add_decoding(parser: argparse.ArgumentParser, beam: int = 1) -> None:
     """The model folder and how to decode with it (translate: greedy; evaluate: beam 4, as scores are reported)."""
@@ -80,9 +82,10 @@ def _translator(args, sentences: int):
     """The Translator of --model and the length penalty; the beam and --max-length within their limits first. With
     --workers N and a job of more than one batch of `sentences`, its N - 1 helpers are started first (`_helpers`),
     each loading the model itself while this process does (decoding/workers.py), and this process decodes on one
-    thread. Once the model is loaded the objects made so far are frozen (`gc.freeze`): the interpreter's full
-    collections, which a long job's allocations set off (two in a 5,120-sentence job, one at exit), walked every
-    object of torch and the model, ~0.1 s each (docs/performance.md)."""
+    thread. In a process of its own (`cli.run`: OWN_PROCESS), once the model is loaded the objects made so far are
+    frozen (`gc.freeze`): the interpreter's full collections, which a long job's allocations set off (two in a
+    5,120-sentence job, one at exit), walked every object of torch and the model, ~0.1 s each (docs/performance.md);
+    a caller's process (a test calling `main`) keeps its collector as it was."""
     limits.check("--beam", args.beam, "MAX_BEAM")
     if args.max_length is not None:
         limits.check("--max-length", args.max_length, "MAX_SENTENCE_TOKENS")
@@ -96,7 +99,8 @@ def _translator(args, sentences: int):
     from .translator import Translator
 
     translator = Translator.load(model_dir(args), device_name(args.device))
-    gc.freeze()                     # torch's and the model's objects out of the collector's full passes (~0.1 s each)
+    if OWN_PROCESS["freeze"]:
+        gc.freeze()                 # torch's and the model's objects out of the collector's full passes (~0.1 s each)
     translator.check_max_length(args.max_length)
     translator.precision = args.dtype
     translator.decoding_model()                                              # its copy now: a bad dtype, exit 2
@@ -145,7 +149,8 @@ def _helpers(args, workers: int, sentences: int, compile: str):
         return Workers(recipe, workers)                                  # a fresh interpreter each, started now
     import torch  # noqa: F401  (imported once, then forked: a helper skips its own import, no start contends with it)
 
-    gc.freeze()                     # what both share, never walked again by a full collection (nor copied on write)
+    if OWN_PROCESS["freeze"]:
+        gc.freeze()                 # what both share, never walked again by a full collection (nor copied on write)
     return Workers(recipe, workers, method="fork")
 
 
