@@ -757,7 +757,7 @@ def test_compiled_workers_leave_no_unpacked_package_behind(model_dir, shared_pac
 @pytest.mark.xdist_group("model_dir_packages")
 @pytest.mark.slow
 def test_a_helper_gets_ready_for_its_job_with_what_was_built_and_builds_nothing(model_dir, shared_packages,
-                                                                                 tmp_path, monkeypatch):
+                                                                                 timed_gemms, tmp_path, monkeypatch):
     """`warm` (a helper's, while it waits for its job): with the packages built, the ones a batch and a sentence
     decode with are loaded then, and the job that follows loads none and prints the eager lines; where none was
     built, it traces, builds and loads nothing (the first batch that needs a package builds it)."""
