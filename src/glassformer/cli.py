@@ -121,7 +121,7 @@ def run() -> None:
 
     OWN_PROCESS["freeze"] = True
     code = main()
-    if sys.argv[1:2] != [] and sys.argv[1] in QUICK_EXIT:
+    if len(sys.argv) > 1 and sys.argv[1] in QUICK_EXIT:
         with contextlib.suppress(BrokenPipeError):    # the reader left (`| head`): nothing more to say
             sys.stdout.flush()
         sys.stderr.flush()
