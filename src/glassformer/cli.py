@@ -117,9 +117,9 @@ def run() -> None:
     command, once stdout and stderr are flushed and the exit handlers have run, the process leaves at once
     (`os._exit`): the interpreter's teardown freed torch's objects one by one, ~0.2 s of every `translate`. The
     process is the command's own: the decoding commands may freeze its objects out of the collector."""
-    from .decoding.commands import OWN_PROCESS
+    from .decoding import commands
 
-    OWN_PROCESS["freeze"] = True
+    commands.OWN_PROCESS = True
     code = main()
     if len(sys.argv) > 1 and sys.argv[1] in QUICK_EXIT:
         with contextlib.suppress(BrokenPipeError):    # the reader left (`| head`): nothing more to say

@@ -15,9 +15,9 @@ import warnings
 from .. import limits
 from ..errors import UsageError
 from ..options import add_model_arguments, device_name, model_dir, positive
-from .choices import AUTO_BATCHES_A_WORKER, AUTO_MIN_SENTENCES, AUTO_MOST_WORKERS, DEFAULT_STOP, STOP_RULES
+from .choices import AUTO_BATCHES_A_WORKER, AUTO_MIN_SENTENCES, AUTO_MOST_WORKERS, BATCH_SIZE, DEFAULT_STOP, STOP_RULES
 
-OWN_PROCESS = {"freeze": False}   # cli.run sets it: the command owns its process, its objects may be frozen (gc)
+OWN_PROCESS = False     # cli.run sets it: the command owns its process, whose objects may be frozen (gc)
 
 
 def _add_decoding(parser: argparse.ArgumentParser, beam: int = 1) -> None:
@@ -99,7 +99,7 @@ def _translator(args, sentences: int):
     from .translator import Translator
 
     translator = Translator.load(model_dir(args), device_name(args.device))
-    if OWN_PROCESS["freeze"]:
+    if OWN_PROCESS:
         gc.freeze()                 # torch's and the model's objects out of the collector's full passes (~0.1 s each)
     translator.check_max_length(args.max_length)
     translator.precision = args.dtype
@@ -129,7 +129,7 @@ def _workers(args, sentences: int) -> int:
     forks = "torch" not in sys.modules and "fork" in multiprocessing.get_all_start_methods()
     if not forks or args.device != "cpu":                            # (another device: asked without torch)
         return 1
-    return auto_workers(sentences, getattr(args, "batch_size", 64), usable_cores())
+    return auto_workers(sentences, getattr(args, "batch_size", BATCH_SIZE), usable_cores())
 
 
 def _helpers(args, workers: int, sentences: int, compile: str):
@@ -140,16 +140,16 @@ def _helpers(args, workers: int, sentences: int, compile: str):
 
     from .workers import Workers
 
-    if workers < 2 or sentences <= getattr(args, "batch_size", 64) or device_name(args.device) != "cpu":
+    if workers < 2 or sentences <= getattr(args, "batch_size", BATCH_SIZE) or device_name(args.device) != "cpu":
         return None
     recipe = functools.partial(helper_translator, str(model_dir(args)), "cpu", args.dtype, compile,
                                getattr(args, "compile_cache", None),
-                               (args.beam, getattr(args, "batch_size", 64), sentences))
+                               (args.beam, getattr(args, "batch_size", BATCH_SIZE), sentences))
     if "torch" in sys.modules or "fork" not in multiprocessing.get_all_start_methods():   # torch may have run here
         return Workers(recipe, workers)                                  # a fresh interpreter each, started now
     import torch  # noqa: F401  (imported once, then forked: a helper skips its own import, no start contends with it)
 
-    if OWN_PROCESS["freeze"]:
+    if OWN_PROCESS:
         gc.freeze()                 # what both share, never walked again by a full collection (nor copied on write)
     return Workers(recipe, workers, method="fork")
 
@@ -194,7 +194,7 @@ def _decoding_threads(args, sentences: int, helpers: bool = False) -> None:
 
     from ..threads import decoding_threads
 
-    rows = min(sentences, getattr(args, "batch_size", 64)) * args.beam
+    rows = min(sentences, getattr(args, "batch_size", BATCH_SIZE)) * args.beam
     torch.set_num_threads(1 if helpers else decoding_threads(rows))
 
 
@@ -203,7 +203,8 @@ def add_translate_arguments(parser: argparse.ArgumentParser) -> None:
     _add_decoding(parser)
     parser.add_argument("--verbose", action="store_true", help="show units and unknown units on stderr")
     parser.add_argument("--truncate", action="store_true", help="cut input over the model's length limit")
-    parser.add_argument("--batch-size", type=positive, default=64, help="sentences per batch (default 64)")
+    parser.add_argument("--batch-size", type=positive, default=BATCH_SIZE,
+                        help=f"sentences per batch (default {BATCH_SIZE})")
     parser.add_argument("text", nargs="*", help="Chinese sentences (default: one per line on stdin)")
 
 

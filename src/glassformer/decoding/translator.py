@@ -16,7 +16,7 @@ from ..inference.compiler import CompiledDecoder, cache_folder, unsupported
 from ..inference.precision import precision_of, with_precision
 from ..model import Transformer
 from ..threads import usable_cores
-from .choices import AUTO_MIN_SENTENCES
+from .choices import AUTO_MIN_SENTENCES, BATCH_SIZE
 from .search import DEFAULT_ALPHA, DEFAULT_STOP, generate, step, steps, strategy
 
 COMPILE_MODES = ("auto", "on", "off")
@@ -53,7 +53,7 @@ class Translator:
     its weights in place, `close()` them."""
 
     def __init__(self, model, source: SourceTokenizer, target: TargetTokenizer,
-                 device: str | torch.device = "cpu", batch_size: int = 64, compile: str = "off",
+                 device: str | torch.device = "cpu", batch_size: int = BATCH_SIZE, compile: str = "off",
                  notes: Callable[[str], None] | None = None, compile_cache: str | None = None) -> None:
         self.model, self.source, self.target = model, source, target
         self.device = torch.device(device)
