@@ -596,23 +596,24 @@ def test_without_a_compiler_the_command_and_its_helpers_say_so_once(model_dir, t
 def test_the_command_starts_its_helpers_before_it_loads_the_model(model_dir, tmp_path):
     """translate --workers 2 starts its helper before this process loads the model (so both starts overlap): on Linux
     forked once torch is imported and before it ran (the helper imports nothing again), elsewhere spawned before
-    torch loads; at the exit it ends by itself (a forked helper that kept our end of its pipe never heard the end,
-    and was killed after 5 s); and loading a model does not import torch's compiler stack (a model built on the
-    meta device did: 1.4 s of every start)."""
-    code = ("import atexit, json, sys, time, multiprocessing.process as p\n"
+    torch loads; once the job is done and the command closes its pipe it ends by itself (a forked helper that kept
+    our end of its pipe never heard the end, and was killed after 5 s); and loading a model does not import torch's
+    compiler stack (a model built on the meta device did: 1.4 s of every start)."""
+    code = ("import json, sys, time, multiprocessing.process as p\n"
             "import glassformer.decoding.workers as w\n"
-            "seen, started, made, start, init = [], [], [], p.BaseProcess.start, w.Workers.__init__\n"
+            "seen, started, start, close = [], [], p.BaseProcess.start, w.Workers.close\n"
             "p.BaseProcess.start = lambda self: seen.append([type(self).__name__, 'torch' in sys.modules, "
             "'glassformer.decoding.translator' in sys.modules]) or started.append(self) or start(self)\n"
-            "w.Workers.__init__ = lambda self, *a, **k: made.append(self) or init(self, *a, **k)\n"
+            "def closed(self):\n"                             # the command closes its helpers once the job is done:
+            "    for _ in range(600):\n"                      # one still starting would be stopped there (killed)
+            "        if self.started() == [True]: break\n"
+            "        time.sleep(0.1)\n"
+            "    close(self)\n"
+            "w.Workers.close = closed\n"
             "from glassformer.cli import main\n"
             "code = main(['translate', '--model', sys.argv[1], '--batch-size', '1', '--workers', '2', '--compile', "
             "'off', '我很好。', '你好', '谢谢你！'])\n"
             "loaded = 'torch._dynamo' in sys.modules\n"
-            "for _ in range(600):\n"                                     # the helper started (else it is killed)
-            "    if made[0].started() == [True]: break\n"
-            "    time.sleep(0.1)\n"
-            "atexit._run_exitfuncs()\n"                                  # the helpers closed, as at the exit
             "print(json.dumps([code, seen, loaded, [h.exitcode for h in started]]), file=sys.stderr)\n")
     done = subprocess.run([sys.executable, "-c", code, str(model_dir)], capture_output=True, text=True, timeout=300)
     fork = sys.platform.startswith("linux")
@@ -634,6 +635,9 @@ def test_the_command_and_its_helper_keep_the_model_out_of_the_collectors_passes(
             "    decode = translator.decode_batches\n"
             "    def seen(batches, *a, **k):\n"
             "        if os.getpid() == command:\n"                      # slowed: the helper takes batches too
+            "            for _ in range(600):\n"                              # (once it has started)
+            "                if translator._workers.started() == [True]: break\n"
+            "                time.sleep(0.1)\n"
             "            batches = (time.sleep(0.3) or b for b in batches)\n"
             "        walked = {id(o) for o in gc.get_objects()}\n"
             "        hit = sum(id(p) in walked for p in translator.model.parameters())\n"
