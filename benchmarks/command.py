@@ -162,8 +162,8 @@ def _comparisons(rows: list[dict]) -> list[dict]:
 def split(args) -> dict:
     """Where `translate`'s time goes, in one process as the command runs it (one thread a job: `--workers`' layout;
     the same packages): the start (imports, the model and tokenizers, the packages' loads at the first batch), then
-    for the job: segmentation and ids, the batches' decoding (of it: the package calls, and the host's loop around
-    them), detokenising. Best of `--rounds` jobs; seconds."""
+    for the job: segmentation and ids, the batches' decoding (of it: the package calls, the source side's and the
+    steps', and the host's loop around them), detokenising. Best of `--rounds` jobs; seconds."""
     import collections
     import functools
 
@@ -178,10 +178,12 @@ def split(args) -> dict:
     compiler.use_compile_cache()
     translator = Translator.load(args.run)
     translator.compile, translator.threads = "on", 1
+    translator.precision = args.dtypes.split(",")[0]
     loaded = time.perf_counter()
     beam, batch = CASES[args.cases.split(",")[0]]
     translator.batch_size = batch
-    lines = [p.zh for p in [*load_split("test"), *load_split("tatoeba")]] * args.repeat
+    lines = (sample(args.sample) if args.sample is not None
+             else [p.zh for p in [*load_split("test"), *load_split("tatoeba")]]) * args.repeat
     lines = lines[:B1_SENTENCES] if batch == 1 else lines
     spent: collections.Counter = collections.Counter()
 
@@ -196,7 +198,8 @@ def split(args) -> dict:
         return run
 
     load = compiler._load
-    compiler._load = lambda path, packs: timed("package calls", load(path, packs))
+    compiler._load = lambda path, packs: timed("package calls: source side" if Path(path).name.startswith("source")
+                                               else "package calls: steps", load(path, packs))
     translator.translate(lines[:1], beam)                                   # its packages loaded (or built)
     first = time.perf_counter()
     translator.translate(lines, beam)                                       # every package the job needs
@@ -210,10 +213,12 @@ def split(args) -> dict:
         spent["job"] = time.perf_counter() - t
         if best is None or spent["job"] < best["job"]:
             best = dict(spent)
+    best["package calls"] = best["package calls: source side"] + best["package calls: steps"]
     best["host loop (decoding less package calls)"] = best["translate_ids"] - best["package calls"]
     best["rest (sorting, the lines' list)"] = best["job"] - sum(best[m] for m in ("analyse", "check_lengths",
                                                                                "translate_ids", "detokenize"))
-    return {"sentences": len(lines), "case": args.cases.split(",")[0], "imports_s": imported - began,
+    return {"sentences": len(lines), "case": args.cases.split(",")[0], "precision": translator.precision,
+            "imports_s": imported - began,
             "model_s": loaded - imported, "first_sentence_s": first - loaded,
             "job_s": {k: round(v, 4) for k, v in best.items()}}
 
@@ -258,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="default: the usable cores")
     p.add_argument("--out", help="JSON report (default benchmarks/results/command-DATE.json, .md beside it)")
     p.add_argument("--split", action="store_true", help="only where `translate`'s time goes, in one process "
-                   "(the first of --cases; glassformer float32, one thread)")
+                   "(the first of --cases and of --dtypes, --sample's sentences; glassformer, one thread)")
     args = p.parse_args(argv)
     for flag, folder in (("--run", args.run), ("--ct2", args.ct2)):
         if folder and not Path(folder).is_dir():
