@@ -213,7 +213,7 @@ def split(args) -> dict:
         spent["job"] = time.perf_counter() - t
         if best is None or spent["job"] < best["job"]:
             best = dict(spent)
-    best["package calls"] = best["package calls: source side"] + best["package calls: steps"]
+    best["package calls"] = best.get("package calls: source side", 0.0) + best.get("package calls: steps", 0.0)
     best["host loop (decoding less package calls)"] = best["translate_ids"] - best["package calls"]
     best["rest (sorting, the lines' list)"] = best["job"] - sum(best[m] for m in ("analyse", "check_lengths",
                                                                                "translate_ids", "detokenize"))
