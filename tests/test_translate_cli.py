@@ -821,3 +821,31 @@ def test_the_compiled_command_lets_go_of_its_packages_before_it_leaves(model_dir
     assert done.returncode == 0 and done.stdout == eager.stdout and len(eager.stdout.splitlines()) == 3, done.stderr
     assert "held 2" in done.stderr.splitlines(), done.stderr                  # the source side and the step
     assert [p.name for p in temp.glob("aotinductor_*")] == []
+
+
+def test_input_that_is_not_utf8_is_one_line_exit_2(model_dir):
+    """A byte that is not UTF-8, on stdin or in an argument (Python keeps it as a lone surrogate), is refused in one
+    line naming the input line and the byte, before anything is decoded (it was segmented as an unknown unit and
+    "translated")."""
+    command = [sys.executable, "-m", "glassformer.cli", "translate", "--model", str(model_dir)]
+    piped = subprocess.run(command, input="我很好。\n".encode() + b"\xff\xfeabc\n", capture_output=True, timeout=300)
+    argued = subprocess.run([*command, "你好", b"ab\xe4\xbd".decode("utf-8", "surrogateescape")],
+                            capture_output=True, timeout=300)
+    assert (piped.returncode, piped.stdout) == (2, b""), piped.stderr[-2000:]
+    assert piped.stderr.decode().splitlines() == ["glassformer translate: error: input line 2 is not UTF-8 text "
+                                                  "(byte 0xff)"]
+    assert (argued.returncode, argued.stdout) == (2, b"")
+    assert argued.stderr.decode().splitlines() == ["glassformer translate: error: input line 2 is not UTF-8 text "
+                                                   "(byte 0xe4)"]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_an_output_that_cannot_be_written_is_one_line_not_a_traceback(model_dir):
+    """stdout on a full disk (/dev/full): one line saying so and status 1, as the console script runs it (a
+    traceback before)."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "glassformer.cli", "translate", "--model", str(model_dir),
+                               "我很好。"], stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert [line for line in lines if "No space left on device" in line] == lines[-1:], done.stderr

@@ -105,6 +105,26 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as error:                         # the system refused: the output cannot be written (a full disk)
+        where = f": {error.filename}" if error.filename else ""
+        print(f"glassformer {args.command}: error: {error.strerror or error}{where}", file=sys.stderr)
+        return 1
+
+
+def _flushed(code: int) -> int:
+    """The exit status once stdout is written out: a reader that left (`| head`) is no error, an output that cannot
+    be written (a full disk) one line and status 1. Either way what is left unwritten goes to os.devnull, so the
+    interpreter's own flush at the exit finds nothing to fail on."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError as error:
+        print(f"glassformer: error: cannot write the output: {error.strerror or error}", file=sys.stderr)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = code or 1
+    sys.stderr.flush()
+    return code
 
 
 # commands whose work is done once their output is written and their exit handlers have run (helpers closed, the
@@ -120,11 +140,8 @@ def run() -> None:
     from .decoding import commands
 
     commands.OWN_PROCESS = True
-    code = main()
+    code = _flushed(main())
     if len(sys.argv) > 1 and sys.argv[1] in QUICK_EXIT:
-        with contextlib.suppress(BrokenPipeError):    # the reader left (`| head`): nothing more to say
-            sys.stdout.flush()
-        sys.stderr.flush()
         atexit._run_exitfuncs()
         os._exit(code)
     sys.exit(code)

@@ -9,6 +9,7 @@ import argparse
 import gc
 import json
 import multiprocessing
+import re
 import sys
 import warnings
 
@@ -208,8 +209,20 @@ def add_translate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("text", nargs="*", help="Chinese sentences (default: one per line on stdin)")
 
 
+NOT_UTF8 = re.compile("[\udc80-\udcff]")    # a byte that is not UTF-8, as Python keeps it (stdin, the arguments)
+
+
+def utf8_lines(lines: list[str]) -> list[str]:
+    """`lines`, or a UsageError naming the first line that is not UTF-8 text and its byte."""
+    if NOT_UTF8.search("".join(lines)):
+        n, line = next((n, line) for n, line in enumerate(lines, start=1) if NOT_UTF8.search(line))
+        byte = ord(NOT_UTF8.search(line).group()) - 0xDC00
+        raise UsageError(f"input line {n} is not UTF-8 text (byte 0x{byte:02x})")
+    return lines
+
+
 def translate_command(args) -> int:
-    lines = list(args.text) if args.text else [line.rstrip("\r\n") for line in sys.stdin]
+    lines = utf8_lines(list(args.text) if args.text else [line.rstrip("\r\n") for line in sys.stdin])
     translator, alpha = _translator(args, sum(1 for line in lines if line.strip()))
     try:
         translator.batch_size = args.batch_size
