@@ -64,9 +64,8 @@ class Waiting:
         return True
 
     def after(self, slots, sentence: list[int], starts: list[int], finished: list, length: int, alive: int) -> tuple:
-        """After a step where sentences ended: the dead rows at position 0 from here (their positions stay within the
-        table), waiting sentences joined, columns dropped: the slots, the tokens' count (columns), the live count."""
-        self.run.cache.joined = torch.where(slots.live, self.run.cache.joined, length)
+        """After a step where sentences ended: waiting sentences joined, columns dropped: the slots, the tokens' count
+        (columns), the live count."""
         if not self.done:
             slots = self.join(slots, sentence, starts, finished, length)
             alive = int(slots.live.sum())

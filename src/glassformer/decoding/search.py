@@ -246,14 +246,12 @@ def _initial(sentences: int, n_slots: int, K: int, limits: Tensor, bos: int, dev
                  history=torch.zeros(n_slots * K, int(limits.max()) + ahead, dtype=torch.long, device=device))
 
 
-def _harvest(ended: Tensor, history: Tensor, limits: Tensor, sentence: list[int], finished: list, eos: int,
-             starts: list[int]) -> None:
+def _harvest(ended: Tensor, history: Tensor, limits: Tensor, sentence: list[int], finished: list, eos: int) -> None:
     """After a block, greedy hypotheses of the slots `ended` (bool) from history: ids before EOS, or to the limit."""
     slots = ended.nonzero()[:, 0].tolist()
     for slot, ids, limit in zip(slots, history[slots].tolist(), limits[slots].tolist(), strict=True):
-        ids = ids[starts[slot]: limit]                                       # from the column it began at
-        end = ids.index(eos) if eos in ids else len(ids)
-        finished[sentence[slot]].add(Hypothesis(ids[:end], math.nan, math.nan, finished=end < len(ids)))
+        end = ids.index(eos) if eos in ids[:limit] else limit
+        finished[sentence[slot]].add(Hypothesis(ids[:end], math.nan, math.nan, finished=end < limit))
 
 
 def _finish(advance: Advance, slots: Slots, length: int, sentence: list[int], finished: list[Finished],
@@ -340,7 +338,7 @@ def generate(model, src: Tensor, search: Search, src_pad: Tensor | None = None,
             if int(count) == alive:                                          # no sentence ended in the block
                 slots = Slots(tokens, scores, slots.limits, live, slots.worst, history)
                 continue
-            _harvest(slots.live & ~live, history, slots.limits, sentence, finished, cfg.eos_id, starts)
+            _harvest(slots.live & ~live, history, slots.limits, sentence, finished, cfg.eos_id)   # (no joins)
             slots, alive = Slots(tokens, scores, slots.limits, live, slots.worst, history), int(count)
         else:
             length += 1                                                      # tokens generated after this step

@@ -50,6 +50,8 @@ class Embeddings(nn.Module):
         if offset + n > self.cfg.max_len and self.cfg.positions in ("sinusoidal", "learned"):
             raise ValueError(f"sequence length {offset + n} exceeds max_len {self.cfg.max_len}")
         x = self._lookup(ids)                                                # (batch, len, d)
+        if at is not None and at.dim() == 2:          # a finished sentence's row, still computing: the last position
+            at = at.clamp(max=self.cfg.max_len - 1)
         if self.sinusoidal:                                                  # one op: PE + sqrt(d) x
             table = self.position_table(x.dtype, x.device)
             if at is None:
