@@ -44,8 +44,9 @@ class Waiting:
         self.src_pad = self.limits = None
         self.next, self.sizes, self.done = 0, [], False      # sizes: sentences of each batch taken from `more`
 
-    def _load(self) -> bool:
-        """The next batch of `more` encoded, its source columns and the running batch's made alike; False: none."""
+    def _load(self, live: Tensor) -> bool:
+        """The next batch of `more` encoded, its source columns and the running batch's made alike (as many as the
+        longest source of the live rows and the batch: a long sentence that ended leaves none to read); False: none."""
         src = next(self.more, None)
         if src is None:
             self.done = True
@@ -53,7 +54,11 @@ class Waiting:
         run, cfg = self.run, self.run.model.cfg
         src_pad, cache = src == cfg.pad_id, run.model.new_cache()
         run.compiled.source(cache, src, src_pad, torch.arange(src.size(0), device=src.device))
-        width = max(src.size(1), run.src_pad.size(1))                         # source columns: the longer's
+        width = max(src.size(1), int(((~run.src_pad).sum(dim=1) * live).max()))   # sources: right-padded
+        if width < run.src_pad.size(1):                    # the cross-attention K/V of the live rows' sources only
+            run.cache.cross = {a: (k[:, :, :width].contiguous(), v[:, :, :width].contiguous())
+                               for a, (k, v) in run.cache.cross.items()}
+            run.src_pad = run.src_pad[:, :width]
         run.cache.cross = {a: (_widen(k, width), _widen(v, width)) for a, (k, v) in run.cache.cross.items()}
         run.src_pad = _widen(run.src_pad, width, dim=1, value=True)
         self.cross = {a: (_widen(k, width), _widen(v, width)) for a, (k, v) in cache.cross.items()}
@@ -76,7 +81,7 @@ class Waiting:
         free = [slot for slot, live in enumerate(slots.live.tolist()) if not live]
         if len(free) < JOIN_AT and len(free) < len(sentence):
             return slots
-        if (self.limits is None or self.next >= self.limits.numel()) and not self._load():
+        if (self.limits is None or self.next >= self.limits.numel()) and not self._load(slots.live):
             return slots
         m = min(len(free), self.limits.numel() - self.next)
         pick = torch.arange(self.next, self.next + m, device=slots.tokens.device)
