@@ -41,7 +41,7 @@ class Waiting:
             raise ValueError("more: sentences join a running batch on compiled greedy steps only (`joins`)")
         self.run, self.more, self.max_len, self.n_best = run, more, max_len, n_best
         self.cross: dict = {}
-        self.src_pad = self.limits = None
+        self.src_pad = self.ends = self.limits = None
         self.next, self.sizes, self.done = 0, [], False      # sizes: sentences of each batch taken from `more`
 
     def _load(self, live: Tensor) -> bool:
@@ -63,7 +63,8 @@ class Waiting:
         run.src_pad = _widen(run.src_pad, width, dim=1, value=True)
         self.cross = {a: (_widen(k, width), _widen(v, width)) for a, (k, v) in cache.cross.items()}
         self.src_pad = _widen(src_pad, width, dim=1, value=True)
-        self.limits = sentence_limits(src_pad, cfg.max_len, self.max_len).to(src.device)
+        self.ends = sentence_limits(src_pad, cfg.max_len, self.max_len).to(src.device)   # each limit, a tensor
+        self.limits = self.ends.tolist()                                                # and on the host
         self.next = 0
         self.sizes.append(src.size(0))
         return True
@@ -71,43 +72,44 @@ class Waiting:
     def after(self, slots, sentence: list[int], starts: list[int], finished: list, length: int, alive: int) -> tuple:
         """After a step where sentences ended: waiting sentences joined, columns dropped: the slots, the tokens' count
         (columns), the live count."""
+        live = slots.live.tolist()
         if not self.done:
-            slots = self.join(slots, sentence, starts, finished, length)
-            alive = int(slots.live.sum())
-        return (*self.shift(slots, starts, length), alive)
+            slots = self.join(slots, live, sentence, starts, finished, length)
+            alive = sum(live)
+        return (*self.shift(slots, live, starts, length), alive)
 
-    def join(self, slots, sentence: list[int], starts: list[int], finished: list, length: int):
-        """Waiting sentences in the free slots (at most those of one batch), joining at column `length`."""
-        free = [slot for slot, live in enumerate(slots.live.tolist()) if not live]
+    def join(self, slots, live: list[bool], sentence: list[int], starts: list[int], finished: list, length: int):
+        """Waiting sentences in the free slots (at most those of one batch), joining at column `length`; `live` (the
+        host's copy) updated. In place: the slots' tensors are this step's own (a package's outputs, the loop's)."""
+        free = [slot for slot, alive in enumerate(live) if not alive]
         if len(free) < JOIN_AT and len(free) < len(sentence):
             return slots
-        if (self.limits is None or self.next >= self.limits.numel()) and not self._load(slots.live):
+        if (self.limits is None or self.next >= len(self.limits)) and not self._load(slots.live):
             return slots
-        m = min(len(free), self.limits.numel() - self.next)
-        pick = torch.arange(self.next, self.next + m, device=slots.tokens.device)
-        into = torch.tensor(free[:m], device=slots.tokens.device)
-        self.next += m
+        m = min(len(free), len(self.limits) - self.next)
+        rows, free = slice(self.next, self.next + m), free[:m]
+        into = torch.tensor(free, device=slots.tokens.device)
         run = self.run
         for (k, v), (nk, nv) in zip(run.cache.cross.values(), self.cross.values(), strict=True):
-            k.index_copy_(0, into, nk.index_select(0, pick))               # in place: the cache's own rows
-            v.index_copy_(0, into, nv.index_select(0, pick))
-        run.src_pad = run.src_pad.index_copy(0, into, self.src_pad.index_select(0, pick))
-        limits = slots.limits.index_copy(0, into, self.limits.index_select(0, pick) + length)
-        history = _widen(slots.history, int(limits.max()), dim=1, value=0)
-        live = slots.live.index_fill(0, into, True)
-        run.cache.joined = run.cache.joined.index_fill(0, into, length)
-        for slot in free[:m]:
-            sentence[slot], starts[slot] = len(finished), length
+            k.index_copy_(0, into, nk[rows])                                # the cache's own rows
+            v.index_copy_(0, into, nv[rows])
+        run.src_pad.index_copy_(0, into, self.src_pad[rows])
+        run.cache.joined.index_fill_(0, into, length)
+        slots.limits.index_copy_(0, into, self.ends[rows] + length)
+        for tensor, value in ((slots.tokens, run.model.cfg.bos_id), (slots.scores, 0.0), (slots.live, True),
+                              (slots.worst, -math.inf)):
+            tensor.index_fill_(0, into, value)
+        for slot in free:
+            sentence[slot], starts[slot], live[slot] = len(finished), length, True
             finished.append(Finished(self.n_best))
-        return slots._replace(tokens=slots.tokens.index_fill(0, into, run.model.cfg.bos_id), limits=limits, live=live,
-                              scores=slots.scores.index_fill(0, into, 0.0), history=history,
-                              worst=slots.worst.index_fill(0, into, -math.inf))
+        self.next += m
+        history = _widen(slots.history, length + max(self.limits[rows]), dim=1, value=0)
+        return slots._replace(history=history)
 
-    def shift(self, slots, starts: list[int], length: int) -> tuple:
+    def shift(self, slots, live: list[bool], starts: list[int], length: int) -> tuple:
         """Drop the cache's and the history's first columns where every live sentence began SHIFT_AT or more after
         them (or the columns reach the model's last): the slots and the tokens' count, as columns, after it."""
-        live = [start for start, alive in zip(starts, slots.live.tolist(), strict=True) if alive]
-        first = min(live, default=length)
+        first = min((start for start, alive in zip(starts, live, strict=True) if alive), default=length)
         if first == 0 or first < SHIFT_AT and length < self.run.model.cfg.max_len - 1:
             return slots, length
         cache = self.run.cache
