@@ -58,7 +58,7 @@ class Waiting:
         if width < run.src_pad.size(1):                    # the cross-attention K/V of the live rows' sources only
             run.cache.cross = {a: (k[:, :, :width].contiguous(), v[:, :, :width].contiguous())
                                for a, (k, v) in run.cache.cross.items()}
-            run.src_pad = run.src_pad[:, :width]
+            run.src_pad = run.src_pad[:, :width].contiguous()                 # (a package reads it as laid out)
         run.cache.cross = {a: (_widen(k, width), _widen(v, width)) for a, (k, v) in run.cache.cross.items()}
         run.src_pad = _widen(run.src_pad, width, dim=1, value=True)
         self.cross = {a: (_widen(k, width), _widen(v, width)) for a, (k, v) in cache.cross.items()}
