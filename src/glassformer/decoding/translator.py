@@ -196,7 +196,8 @@ class Translator:
                 self._workers.announced = True
             here = functools.partial(self.decode_batches, beam=beam, alpha=alpha, max_length=max_length,
                                      sentences=sentences)
-            return self._workers.decode(batches, here, beam, alpha, max_length, self.stop, sentences)
+            return self._workers.decode(batches, here, beam, alpha, max_length, self.stop, sentences,
+                                        joining=beam == 1 and self.compile != "off")
         except Exception as error:                                           # pickling, a helper that ended
             self._note(f"--workers {self.workers}: {type(error).__name__}: {str(error)[:160]}; decoding here")
             self.close()
