@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from glassformer.cli import main
+from glassformer.decoding import translator as translator_module
 from glassformer.decoding.translator import Translator
 from glassformer.errors import UsageError
 from glassformer.training.commands import add_train_arguments
@@ -369,6 +370,37 @@ def test_compiled_translation_prints_the_eager_lines(model_dir, shared_packages,
                                    for n in notes), err
     assert notes[0].startswith("glassformer: --compile auto: the source side not built")
     assert notes[1].startswith("glassformer: --compile auto: the step for beam 1")
+
+
+@pytest.mark.xdist_group("model_dir_packages")
+@pytest.mark.slow
+def test_sentences_joining_on_built_packages_get_the_eager_tokens_in_either_order(model_dir, shared_packages,
+                                                                                 timed_gemms, monkeypatch):
+    """Sentences joining running batches (decoding/joining.py) on the built packages themselves, which read their
+    inputs as laid out (a strided view among a join's tensors gave other tokens, where the package tests that run
+    the traced module eagerly saw nothing): the batches in the Translator's order (shortest first) and in the
+    costliest-first order, each sentence the tokens batch-by-batch eager decoding gives it, in one run a job."""
+    from glassformer.decoding import search
+    from glassformer.decoding.workers import costliest_first
+    from glassformer.inference import compiler
+
+    if compiler.cxx_compiler() is None:
+        pytest.skip("needs a C++ compiler")
+    lines = ["我很好。", "你叫什么名字？", "谢谢你！", "我们明天去学校。", "他喜欢喝茶。", "这本书很好看。", "你好",
+             "我昨天给了他一本书。", "今天天气很好，我们去公园吧。", "我不知道。", "他是我的朋友，我们每天一起去学校。",
+             "好", "我想喝水。", "你明天来不来？", "我们一起吃饭吧，我请客。", "书"]
+    eager = Translator.load(model_dir)
+    ids = sorted((e.ids for e in eager.analyse(lines)), key=len)
+    batches = [ids[i: i + 4] for i in range(0, len(ids), 4)]                  # 4 batches of 4, shortest first
+    want = eager.decode_batches(batches, 1, 1.0, None, len(lines))
+    compiled = Translator.load(model_dir)
+    compiled.compile, compiled.compile_cache, compiled.threads = "on", str(shared_packages), 1
+    runs, generate = [], search.generate
+    monkeypatch.setattr(translator_module, "generate", lambda *a, **k: runs.append(k.get("more")) or generate(*a, **k))
+    for order in (range(len(batches)), costliest_first(batches)):
+        assert compiled.decode_batches([batches[i] for i in order], 1, 1.0, None, len(lines)) == [want[i]
+                                                                                                  for i in order]
+    assert len(runs) == 2 and all(more is not None for more in runs)          # one joined run a job
 
 
 @pytest.mark.slow

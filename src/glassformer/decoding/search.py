@@ -31,7 +31,7 @@ then `Search.advance`), runs as it is or compiled into one graph (inference/comp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -39,6 +39,8 @@ from torch import Tensor
 
 from .candidates import best_continuations, most_probable
 from .choices import DEFAULT_STOP, STOP_RULES  # noqa: F401 (search's API: when a beam search is done, docstring above)
+from .hypotheses import Finished, Hypothesis
+from .joining import Waiting
 from .sizes import SENTENCE_BUCKETS, bucket, output_limits, sentence_limits  # noqa: F401 (search's API)
 
 DEFAULT_ALPHA = 1.0               # length penalty exponent (chosen on dev, docs/translator.md)
@@ -169,38 +171,6 @@ def strategy(beam: int, scores: bool = True) -> Greedy | BeamSearch:
     return Greedy(scores) if beam == 1 else BeamSearch(beam)
 
 
-# ---- finished hypotheses ------------------------------------------------------------------
-@dataclass
-class Hypothesis:
-    """A finished beam: generated ids (EOS excluded), summed log-prob, its length-penalised score (both NaN from
-    Greedy(scores=False)), and whether it ended with EOS (False: cut at the output limit)."""
-
-    tokens: list[int]
-    score: float
-    normalized: float
-    finished: bool = True
-
-
-class _Finished:
-    """One sentence's n best finished hypotheses, best first (the earlier one first among equals)."""
-
-    def __init__(self, n: int) -> None:
-        self.n, self.best = n, []
-        self.top = False              # a step's best candidate has ended a hypothesis (STOP_RULES "top")
-        self.count = 0                # hypotheses finished so far, kept or not (STOP_RULES "full")
-
-    def add(self, hyp: Hypothesis) -> float:
-        """Keep `hyp` if it is among the n best; the n-th best normalised score (-inf while fewer than n)."""
-        self.count += 1
-        self.best.append(hyp)
-        self.best.sort(key=lambda h: -h.normalized)                          # stable: earlier wins ties
-        del self.best[self.n:]
-        return self.best[-1].normalized if len(self.best) == self.n else -math.inf
-
-    def result(self) -> list[Hypothesis]:
-        return self.best or [Hypothesis([], -math.inf, -math.inf, False)]
-
-
 # ---- the loop -----------------------------------------------------------------------------
 def step(model, search: Search, cache, memory: Tensor | None, src_pad: Tensor, slots: tuple, length: Tensor,
          alpha: Tensor) -> tuple:
@@ -243,6 +213,7 @@ class _Run:
             self.memory = model.encode(src, src_pad)[index]                 # (rows, src, d)
         else:
             compiled.source(self.cache, src, src_pad, index)                # cross-attention's K/V in the cache
+            self.cache.joined = torch.zeros(index.numel(), dtype=torch.long, device=src.device)   # each row: at 0
 
     def capacity(self, sentences: int) -> int:
         """Slots for `sentences` live sentences: the smallest bucket that holds them (compiled: not below `fewest`)."""
@@ -283,8 +254,8 @@ def _harvest(ended: Tensor, history: Tensor, limits: Tensor, sentence: list[int]
         finished[sentence[slot]].add(Hypothesis(ids[:end], math.nan, math.nan, finished=end < limit))
 
 
-def _finish(advance: Advance, slots: Slots, length: int, sentence: list[int], finished: list[_Finished],
-            eos: int, alpha: float, stop: str, scored: bool = True) -> tuple[Tensor, Tensor]:
+def _finish(advance: Advance, slots: Slots, length: int, sentence: list[int], finished: list[Finished],
+            eos: int, alpha: float, stop: str, scored: bool, starts: list[int]) -> tuple[Tensor, Tensor]:
     """Record the hypotheses this step finished (host work, only on a step with events); the slots' new `worst`
     and the sentences now done (one candidate, greedy: `advance.done`, the ended ones; no `worst` to keep)."""
     worst, K, single = slots.worst, slots.scores.size(1), advance.ranked.size(1) == 1
@@ -296,8 +267,9 @@ def _finish(advance: Advance, slots: Slots, length: int, sentence: list[int], fi
         history = slots.history[rows, : length - 1].tolist()                 # (ended, length - 1)
         for (slot, c), ids in zip(ended, history, strict=True):
             score, token = scores[slot][c] if scored else math.nan, tokens[slot][c]
-            hyp = Hypothesis(ids + ([] if token == eos else [token]), score,
-                             length_normalized(score, length, alpha), finished=token == eos)
+            start = starts[slot]                                             # the column its sentence began at
+            hyp = Hypothesis(ids[start:] + ([] if token == eos else [token]), score,
+                             length_normalized(score, length - start, alpha), finished=token == eos)
             worsts[slot] = finished[sentence[slot]].add(hyp)
             finished[sentence[slot]].top |= c == 0                           # the step's best candidate ended
         worst = worst if single else torch.tensor(worsts, dtype=worst.dtype, device=worst.device)
@@ -325,7 +297,8 @@ def _kept(slots: Slots, keep: Tensor, alive: int, K: int) -> tuple[Slots, Tensor
 @torch.no_grad()
 def generate(model, src: Tensor, search: Search, src_pad: Tensor | None = None,
              alpha: float = DEFAULT_ALPHA, max_len: int | Tensor | None = None,
-             n_best: int = 1, stop: str = DEFAULT_STOP, compiled=None) -> list[list[Hypothesis]]:
+             n_best: int = 1, stop: str = DEFAULT_STOP, compiled=None,
+             more: Iterator[Tensor] | None = None) -> list[list[Hypothesis]]:
     """The n_best hypotheses of each sentence of a batch, best first (n_best <= the beam); `stop` one of
     STOP_RULES.
 
@@ -333,6 +306,8 @@ def generate(model, src: Tensor, search: Search, src_pad: Tensor | None = None,
     prepared copy, a bf16 / int8 copy); `compiled` (inference.compiler.CompiledDecoder of the same model)
     runs its steps as compiled packages. The rows are slots of K beams; a slot whose sentence is done
     stays (dead) until the live sentences fit a smaller bucket, then the live slots move to the front.
+    `more` (where `joins`): the padded sources of later batches, whose sentences join this one's rows as its
+    sentences end (decoding/joining.py); their hypotheses follow, batch after batch.
     """
     K = search.beam
     if not 1 <= n_best <= K:
@@ -350,8 +325,10 @@ def generate(model, src: Tensor, search: Search, src_pad: Tensor | None = None,
     ahead = 0 if compiled is None else max(compiled.per_call.values()) - 1   # a block's steps past the longest limit
     slots = _initial(n, n_slots, K, limits, cfg.bos_id, src.device, ahead)
     sentence = list(range(n)) + [-1] * (n_slots - n)                         # slot -> sentence (-1: padding)
-    finished = [_Finished(n_best) for _ in range(n)]
+    starts = [0] * n_slots                                                   # slot -> the column it began at
+    finished = [Finished(n_best) for _ in range(n)]
     alpha_t = torch.tensor(alpha, dtype=torch.float64, device=src.device)
+    waiting = None if more is None else Waiting(run, more, max_len, n_best)
     length, alive = 0, n
     while True:
         k = 1 if compiled is None else compiled.steps_per_call(search, len(sentence))   # > 1: a compiled block
@@ -361,7 +338,7 @@ def generate(model, src: Tensor, search: Search, src_pad: Tensor | None = None,
             if int(count) == alive:                                          # no sentence ended in the block
                 slots = Slots(tokens, scores, slots.limits, live, slots.worst, history)
                 continue
-            _harvest(slots.live & ~live, history, slots.limits, sentence, finished, cfg.eos_id)
+            _harvest(slots.live & ~live, history, slots.limits, sentence, finished, cfg.eos_id)   # (no joins)
             slots, alive = Slots(tokens, scores, slots.limits, live, slots.worst, history), int(count)
         else:
             length += 1                                                      # tokens generated after this step
@@ -369,19 +346,23 @@ def generate(model, src: Tensor, search: Search, src_pad: Tensor | None = None,
             if not advance.events.item():                                    # nothing ended: the beams go on
                 slots = Slots(advance.tokens, advance.scores, *slots[2:5], advance.history)
                 continue
-            worst, done = _finish(advance, slots, length, sentence, finished, cfg.eos_id, alpha, stop, search.scores)
+            worst, done = _finish(advance, slots, length, sentence, finished, cfg.eos_id, alpha, stop, search.scores,
+                                  starts)
             live = slots.live & ~done
             slots = Slots(advance.tokens, advance.scores, slots.limits, live, worst, advance.history)
             alive = int(live.sum())
+        if waiting is not None:                                              # sentences join in free slots
+            slots, length, alive = waiting.after(slots, sentence, starts, finished, length, alive)
         if alive == 0:
             break
         capacity = run.capacity(alive)
-        if capacity < len(sentence):                                         # the live slots move to the front
-            keep = live.nonzero()[:, 0]
+        if capacity < len(sentence) and (waiting is None or waiting.done):   # the live slots move to the front
+            keep = slots.live.nonzero()[:, 0]
             keep = torch.cat([keep, keep[:1].expand(capacity - alive)])
             slots, rows = _kept(slots, keep, alive, K)
             run.keep(rows)
             sentence = [sentence[s] for s in keep.tolist()[:alive]] + [-1] * (capacity - alive)
+            starts = [starts[s] for s in keep.tolist()[:alive]] + [0] * (capacity - alive)
     return [f.result() for f in finished]
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -17,6 +18,7 @@ from ..inference.precision import precision_of, with_precision
 from ..model import Transformer
 from ..threads import usable_cores
 from .choices import AUTO_MIN_SENTENCES, BATCH_SIZE
+from .joining import joins
 from .search import DEFAULT_ALPHA, DEFAULT_STOP, generate, step, steps, strategy
 
 COMPILE_MODES = ("auto", "on", "off")
@@ -133,9 +135,19 @@ class Translator:
             return []
         search, pad_id = strategy(beam, scores=False), self.model.cfg.pad_id  # only the ids are kept
         model, compiled = self._decoder(sentences, search)
+        sources = (padded(batch, pad_id).to(self.device) for batch in batches)   # (batch, longest) each
+        if joins(search, compiled):                 # one run: a batch's sentences join where others ended
+            first = next(sources, None)
+            if first is None:
+                return []
+            sizes = [first.size(0)]
+            more = (sizes.append(src.size(0)) or src for src in sources)         # taken as rows free up
+            hyps = [h[0].tokens for h in generate(model, first, search, alpha=alpha, max_len=max_length,
+                                                  stop=self.stop, compiled=compiled, more=more)]
+            ends = list(itertools.accumulate(sizes))
+            return [hyps[end - size: end] for size, end in zip(sizes, ends, strict=True)]
         found = []
-        for batch in batches:
-            src = padded(batch, pad_id).to(self.device)                   # (batch, longest)
+        for src in sources:
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
                 hyps = generate(model, src, search, alpha=alpha, max_len=max_length, stop=self.stop,
                                 compiled=compiled)
@@ -184,7 +196,8 @@ class Translator:
                 self._workers.announced = True
             here = functools.partial(self.decode_batches, beam=beam, alpha=alpha, max_length=max_length,
                                      sentences=sentences)
-            return self._workers.decode(batches, here, beam, alpha, max_length, self.stop, sentences)
+            return self._workers.decode(batches, here, beam, alpha, max_length, self.stop, sentences,
+                                        joining=beam == 1 and self.compile != "off")
         except Exception as error:                                           # pickling, a helper that ended
             self._note(f"--workers {self.workers}: {type(error).__name__}: {str(error)[:160]}; decoding here")
             self.close()

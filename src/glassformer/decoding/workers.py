@@ -88,10 +88,12 @@ class Workers:
         atexit.register(self.close)            # before multiprocessing's own exit handler, which terminates them
 
     def decode(self, batches: Sequence[Batch], here: Callable[[Iterable[Batch]], list], beam: int, alpha: float,
-               max_length: int | None, stop: str, sentences: int) -> list[list[list[int]]]:
+               max_length: int | None, stop: str, sentences: int, joining: bool = False) -> list[list[list[int]]]:
         """Target ids per batch, in the order of `batches`; `here`: this process's decoding of the batches it takes
-        (an iterable, consumed as it decodes). A helper that fails or ends is a RuntimeError."""
-        order = costliest_first(batches)
+        (an iterable, consumed as it decodes). A helper that fails or ends is a RuntimeError. `joining`: sentences
+        join running batches (decoding/joining.py), handed out in the batches' order (shortest first), where the
+        costliest first would keep every row's span wide."""
+        order = list(range(len(batches))) if joining else costliest_first(batches)
         job, helpers = [batches[i] for i in order], len(self.pipes)
         self.job += 1
         with self.shared.get_lock():

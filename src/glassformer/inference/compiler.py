@@ -102,10 +102,10 @@ class Step(nn.Module):
         self.crosses = [layer.cross_attention for layer in model.decoder.layers]
 
     def forward(self, tokens, scores, limits, live, worst, history, pos: Tensor, alpha: Tensor, src_pad: Tensor,
-                *buffers: Tensor) -> tuple:                          # buffers: self K, self V, cross K, cross V
+                joined: Tensor, *buffers: Tensor) -> tuple:          # buffers: self K, self V, cross K, cross V
         n = len(self.selfs)                                          # (a layer each)
         self_k, self_v, cross_k, cross_v = (buffers[i * n: (i + 1) * n] for i in range(4))
-        cache = KVCache(position=pos, k=dict(zip(self.selfs, self_k, strict=True)),
+        cache = KVCache(position=pos, joined=joined, k=dict(zip(self.selfs, self_k, strict=True)),
                         v=dict(zip(self.selfs, self_v, strict=True)),
                         cross={a: kv for a, *kv in zip(self.crosses, cross_k, cross_v, strict=True)})
         out = self.step(self.model, self.search, cache, None, src_pad, (tokens, scores, limits, live, worst, history),
@@ -127,7 +127,7 @@ class CompiledDecoder:
             embed.position_table(torch.float32, embed.token.weight.device)
         self.selfs = [layer.self_attention for layer in self.fast.decoder.layers]
         self.threads, self.narrow = threads or torch.get_num_threads(), precision_of(model) != "float32"
-        self.positions = tuple(torch.tensor(i) for i in range(model.cfg.max_len))   # 0-dim: a step's `pos`
+        self.positions = tuple(torch.tensor(i) for i in range(2 * model.cfg.max_len))   # a step's `pos`: columns
         self.parts: dict[str, Callable] = {}                                 # "source" / "beam4" -> package
         self.fewest: dict[str, int] = {}       # search kind -> the fewest slots its steps shrink to, where not 1
         self._weights: str | None = None                                     # with the code's: a hash, once (_note)
@@ -152,8 +152,8 @@ class CompiledDecoder:
         if end > cache.k[self.selfs[0]].size(2):                            # full (every buffer alike): grow
             cache.reserve(end - cache.length)
         cross = cache.cross.values()                                         # inputs in Step.forward's order
-        inputs = [*slots, self.positions[length - 1], alpha, src_pad, *cache.k.values(), *cache.v.values(),
-                  *[k for k, _ in cross], *[v for _, v in cross]]
+        inputs = [*slots, self.positions[length - 1], alpha, src_pad, cache.joined, *cache.k.values(),
+                  *cache.v.values(), *[k for k, _ in cross], *[v for _, v in cross]]
         kind = (search.kind, slots[0].size(0), k)
         part = self.parts.get(kind) or self._part(kind, search, inputs)
         if part is None:                                                     # a block that did not build
@@ -326,10 +326,10 @@ def _shapes(inputs: list, beam: int, max_len: int, few: bool = False, rows: int 
     else:
         slots = Dim("slots", min=1, max=(FEW_ROWS if few else MAX_ROWS) // beam) if rows is None else Dim.STATIC
         slot, rows = (n["slots"], slots), (n["slots"] * beam, slots if beam == 1 else beam * slots)
-        positions = (n["positions"] + 1, Dim("positions", min=1, max=max_len + GROW))
-        limit = (n["limit"] + 1, Dim("limit", min=1, max=max_len + max(STEPS.values())))
-        layers = (len(inputs) - 9) // 4                                      # self K, V; cross K, V: a layer each
-        specs = [{0: rows}, *[{0: slot}] * 4, {0: rows, 1: limit}, {}, {}, {0: rows, 1: source},
+        positions = (n["positions"] + 1, Dim("positions", min=1, max=2 * max_len + GROW))   # columns, as rows
+        limit = (n["limit"] + 1, Dim("limit", min=1, max=3 * max_len + max(STEPS.values())))   # join (joining.py)
+        layers = (len(inputs) - 10) // 4                                     # self K, V; cross K, V: a layer each
+        specs = [{0: rows}, *[{0: slot}] * 4, {0: rows, 1: limit}, {}, {}, {0: rows, 1: source}, {0: rows},
                  *[{0: rows, 2: positions}] * 2 * layers, *[{0: rows, 2: source}] * 2 * layers]
     example = [t.new_zeros([spec[d][0] if d in spec else n for d, n in enumerate(t.shape)]) if spec else t
                for t, spec in zip(inputs, specs, strict=True)]
@@ -338,4 +338,4 @@ def _shapes(inputs: list, beam: int, max_len: int, few: bool = False, rows: int 
         example[0], example[2] = example[0] + 5, torch.arange(n["slots"] + 1) % n["slots"]
         return tuple(example), tuple(dims)
     example[2] = example[2] + 3                                              # output limits
-    return tuple(example), (*dims[:9], tuple(dims[9:]))                      # Step's *buffers: one group
+    return tuple(example), (*dims[:10], tuple(dims[10:]))                    # Step's *buffers: one group

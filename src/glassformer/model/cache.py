@@ -31,10 +31,12 @@ class KVCache:
     """Every attention module's cached K/V for one decoding run, and how many target positions it holds."""
 
     def __init__(self, capacity: int | None = None, *, position: Tensor | None = None,
-                 k: dict | None = None, v: dict | None = None, cross: dict | None = None) -> None:
+                 k: dict | None = None, v: dict | None = None, cross: dict | None = None,
+                 joined: Tensor | None = None) -> None:
         self.capacity = capacity or GROW                            # positions of a first buffer
         self.length = 0                                            # target positions written so far
         self.position = position                                   # a compiled step's first position (0-dim)
+        self.joined = joined            # (batch,) the column each row's sentence began at (None: every row at 0)
         self.at: Tensor | None = None                              # this step's positions (new,), `start`
         self.k: dict[nn.Module, Tensor] = k or {}                  # self-attention -> (batch, heads, positions, d_k)
         self.v: dict[nn.Module, Tensor] = v or {}                  # self-attention -> (batch, heads, positions, d_v)
@@ -73,8 +75,16 @@ class KVCache:
             values = self.v[attention] = v.new_zeros(*v.shape[:2], size, v.size(3))
         keys.index_copy_(2, self.at, k)
         values.index_copy_(2, self.at, v)
-        visible = torch.arange(keys.size(2), device=k.device) <= self.at[:, None]   # (new, positions)
+        columns = torch.arange(keys.size(2), device=k.device)
+        visible = columns <= self.at[:, None]                                # (new, positions)
+        if self.joined is not None:                       # a row sees its own sentence's columns only
+            visible = visible & (columns >= self.joined[:, None, None])      # (batch, new, positions)
         return keys, values, visible
+
+    def positions(self, at: Tensor) -> Tensor:
+        """The positions within each row's sentence of the columns `at` (new,): `at` itself, or (batch, new)
+        where rows joined at other columns."""
+        return at if self.joined is None else at[None, :] - self.joined[:, None]
 
     def advance(self, new: int) -> None:
         """Every layer has written this step's `new` rows: the next step starts after them."""
@@ -99,6 +109,7 @@ class KVCache:
         within it, no sentence leaving), so the cross-attention K/V rows stay as they are."""
         self.k = {attention: t.index_select(0, index) for attention, t in self.k.items()}
         self.v = {attention: t.index_select(0, index) for attention, t in self.v.items()}
+        self.joined = None if self.joined is None else self.joined.index_select(0, index)
         if same_source:
             return
         self._source = None

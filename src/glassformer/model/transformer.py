@@ -44,14 +44,20 @@ class Embeddings(nn.Module):
 
     def forward(self, ids: Tensor, offset: int = 0, at: Tensor | None = None) -> Tensor:
         """ids: (batch, len) -> (batch, len, d); `offset` = absolute position of the first row; `at` = the
-        rows' absolute positions (len,) as a tensor (a decoding step: the KV cache's, `offset` its length)."""
+        rows' absolute positions (len,) as a tensor, or (batch, len) each row's own (a decoding step: the KV
+        cache's, `offset` its length)."""
         n = ids.size(1)
         if offset + n > self.cfg.max_len and self.cfg.positions in ("sinusoidal", "learned"):
             raise ValueError(f"sequence length {offset + n} exceeds max_len {self.cfg.max_len}")
         x = self._lookup(ids)                                                # (batch, len, d)
+        if at is not None and at.dim() == 2:          # a finished sentence's row, still computing: the last position
+            at = at.clamp(max=self.cfg.max_len - 1)
         if self.sinusoidal:                                                  # one op: PE + sqrt(d) x
             table = self.position_table(x.dtype, x.device)
-            rows = table[offset: offset + n] if at is None else table.index_select(0, at)
+            if at is None:
+                rows = table[offset: offset + n]                                 # (len, d)
+            else:
+                rows = table.index_select(0, at) if at.dim() == 1 else table[at]   # (len, d) | (batch, len, d)
             x = torch.add(rows, x, alpha=self.scale)
         else:
             x = x * self.scale
@@ -177,7 +183,8 @@ class Transformer(Hooked, nn.Module):
         the cached ones (incremental decoding), and `memory` may be None once the cache holds its K/V."""
         if cache is None:
             return self.decoder(self.tgt_embed(tgt_in), memory, src_pad, tgt_pad)
-        y = self.tgt_embed(tgt_in, cache.length, cache.start(tgt_in.size(1), tgt_in.device))
+        at = cache.start(tgt_in.size(1), tgt_in.device)                      # (new,) the cache's columns
+        y = self.tgt_embed(tgt_in, cache.length if cache.joined is None else 0, cache.positions(at))
         src_pad = cache.source_padding(src_pad)                              # None when no source row has PAD
         return self.decoder(y, memory, src_pad, tgt_pad, cache=cache)
 
