@@ -121,22 +121,24 @@ class CompiledDecoder:
                  threads: int | None = None, steps: Callable | None = None) -> None:
         self.model, self.step_fn, self.folder, self.notes = model, step, folder, notes or (lambda line: None)
         self.steps_fn, self.per_call, self.k, self.build = steps, STEPS, {}, True   # k: (search kind, rows) -> k
-        # traced: W^T products, attention written out (inductor fuses it; SDPA stays an extern call per layer)
-        self.fast = prepare(model, onednn=False, path="glass", direct=False, transposed=True)
-        for embed in [e for e in (self.fast.src_embed, self.fast.tgt_embed) if e.sinusoidal]:   # before tracing
-            embed.position_table(torch.float32, embed.token.weight.device)
-        self.selfs = [layer.self_attention for layer in self.fast.decoder.layers]
+        self.selfs = [layer.self_attention for layer in model.decoder.layers]     # the cache's keys
         self.threads, self.narrow = threads or torch.get_num_threads(), precision_of(model) != "float32"
         self.positions = tuple(torch.tensor(i) for i in range(2 * model.cfg.max_len))   # a step's `pos`: columns
-        self.parts: dict[str, Callable] = {}                                 # "source" / "beam4" -> package
-        self.fewest: dict[str, int] = {}       # search kind -> the fewest slots its steps shrink to, where not 1
+        self.parts, self.fewest = {}, {}      # "source" / "beam4" -> package; search kind -> its fewest slots (not 1)
         self._weights: str | None = None                                     # with the code's: a hash, once (_note)
+
+    @functools.cached_property        # traced: W^T products, attention written out (inductor fuses it; SDPA an
+    def fast(self) -> Transformer:    # extern call per layer); a copy (~0.1 s) made at a trace or MKL packs' load only
+        fast = prepare(self.model, onednn=False, path="glass", direct=False, transposed=True)
+        for embed in [e for e in (fast.src_embed, fast.tgt_embed) if e.sinusoidal]:            # before tracing
+            embed.position_table(torch.float32, embed.token.weight.device)
+        return fast
 
     def source(self, cache: KVCache, src: Tensor, src_pad: Tensor, index: Tensor) -> None:
         """Each decoder layer's cross-attention K/V for the rows `index`, into `cache`."""
         inputs = [src, src_pad, index]
         out = self._part("source" + ("-few" if src.size(0) <= FEW_ROWS else ""), None, inputs)(inputs)
-        layers = [layer.cross_attention for layer in self.fast.decoder.layers]
+        layers = [layer.cross_attention for layer in self.model.decoder.layers]
         cache.cross = {a: (k, v) for a, k, v in zip(layers, out[:len(layers)], out[len(layers):], strict=True)}
 
     def step(self, cache: KVCache, search, slots: tuple, length: int, alpha: Tensor, src_pad: Tensor,
@@ -199,7 +201,7 @@ class CompiledDecoder:
     def _build(self, kind: str, search, inputs: list, rows: int | None, k: int = 1) -> Callable | None:
         beam, few = 0 if search is None else search.beam, "-few" in kind
         step = functools.partial(self.steps_fn, k=k) if k > 1 else self.step_fn          # search.py's, or k `steps`
-        module = Source(self.fast) if search is None else Step(self.fast, step, search)
+        module = functools.cache(lambda: Source(self.fast) if search is None else Step(self.fast, step, search))
         what = (f"{k} steps" if k > 1 else "the step") + f" for beam {beam}" if beam else "the source side"
         what += f" ({rows or 'a few'} rows)" if few or rows else ""
         try:
@@ -207,13 +209,13 @@ class CompiledDecoder:
             if path is None and not self.build:                      # "load": no build (a block: a step a call)
                 if k == 1:
                     self.notes(f"--compile auto: {what} not built (--compile on builds it); decoding it eagerly")
-                return None if k > 1 else lambda flat: module(*flat)
+                return None if k > 1 else lambda flat: module()(*flat)
             if path is None:                                         # the products' route asked only to build
                 configs = self._configs(kind, k == 1 and (self.narrow or few and kind != "source-few" or prepacks(
                     self.model, self.threads, self.folder)))   # a block unfrozen: frozen, each step packs its own W
                 example, dynamic = _shapes(inputs, beam, self.model.cfg.max_len, few, rows)
-                with torch.no_grad(), packs_left_out(module):
-                    program = torch.export.export(module, example, dynamic_shapes=dynamic)
+                with torch.no_grad(), packs_left_out(module()):
+                    program = torch.export.export(module(), example, dynamic_shapes=dynamic)
                 path = self.folder / PACKAGES / f"{kind}-{package_name(program, configs)}.pt2"
                 if not path.exists():
                     self.notes(f"--compile: building {what} (once per model; later runs load it from {path.parent})")
@@ -222,12 +224,12 @@ class CompiledDecoder:
                             program, package_path=str(partial), inductor_configs=configs)):   # else: another's
                         self.notes(f"--compile: built in {time.perf_counter() - began:.1f} s")
                 write_whole(self._note(kind, search), lambda partial: partial.write_text(path.name), replace=True)
-            return _load(path, {name: p for name, p in module.named_parameters() if name.endswith(".mkl")})
+            return _load(path, lambda: {name: p for name, p in module().named_parameters() if name.endswith(".mkl")})
         except Exception as error:                                           # no working toolchain, a bad package
             first = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
             self.notes(f"compiling {what} failed ({type(error).__name__}: {first}); "
                        + ("one step a call" if k > 1 else "decoding eagerly"))
-            return None if k > 1 else lambda flat: module(*flat)
+            return None if k > 1 else lambda flat: module()(*flat)
 
     def _configs(self, kind: str, onednn: bool = True) -> dict:
         """inductor's settings for `kind`: many-row source 1 thread; bf16 / int8, few rows: FEW's GEMMs, else oneDNN's
@@ -300,12 +302,12 @@ def _tensors(h, named: dict):
     return h
 
 
-def _load(path: Path, packs: dict[str, Tensor]) -> Callable:
-    """A package as a function of its flat input tensors -> a list of tensors (the C++ loader's), `packs` ours."""
+def _load(path: Path, packs: Callable[[], dict[str, Tensor]]) -> Callable:
+    """A package as a function of its flat input tensors -> a list of tensors (the C++ loader's), `packs()` ours."""
     torch.cpu._init_amx()       # AMX kernels need the process's AMX state: inductor asks at a build, not at a load
     loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
     wanted = [name for name in loader.get_constant_fqns() if name.endswith(".mkl")]
-    if not set(wanted) <= packs.keys():                                      # a stand-in left: MKL would not run
+    if not set(wanted) <= (packs := packs() if wanted else {}).keys():      # a stand-in left: MKL would not run
         raise RuntimeError(f"the package wants MKL packs the model lacks ({sorted(set(wanted) - packs.keys())[0]})")
     loader.load_constants({name: packs[name] for name in wanted}, False, False, True)   # in place of the stand-ins
     return loader.boxed_run

@@ -46,7 +46,6 @@ def check_dtype(dtype: str) -> str:
 
 
 # ---- what the CPU offers --------------------------------------------------------------------------
-
 @dataclass(frozen=True)
 class CpuSupport:
     """The CPU's vector level as torch dispatches it, and which precision-relevant flags it has."""
@@ -109,7 +108,6 @@ def precision_note(dtype: str, support: CpuSupport | None = None, subject: str =
 
 
 # ---- the transformations ----------------------------------------------------------------------------
-
 class BFloat16Linear(nn.Module):
     """Stands in for an nn.Linear: x W^T + b multiplied in bfloat16, the result back in x's dtype."""
 
