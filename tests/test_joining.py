@@ -114,3 +114,21 @@ def test_a_row_past_the_position_table_reads_its_last_position(positions):
             else:
                 alone.length += 1                                          # its columns before it began
     assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("size", [3, 4, 6])
+def test_a_sentence_that_joined_late_runs_past_the_models_last_column_alone(size, eager_packages):
+    """Sentences that never end early (EOS made unlikely) run to their limits: the first batch's all end at one
+    step, the next batch's join there (fewer columns in than SHIFT_AT, so none dropped then) with limits at the
+    model's max_len, and run on with no sentence ending: their columns pass max_len unless the first columns are
+    dropped at the model's last column (a step past the buffers was an index out of range, eagerly and in a
+    package). Each sentence gets what it gets alone."""
+    model = eos_likely(max_len=20)
+    with torch.no_grad():
+        model.head.bias[model.cfg.eos_id] = -30.0
+    g = torch.Generator().manual_seed(5)
+    short, long = torch.randint(3, 60, (size, 2), generator=g), torch.randint(3, 60, (size, 8), generator=g)
+    alone = [generate(model, src[i: i + 1], Greedy())[0][0].tokens for src in (short, long) for i in range(size)]
+    assert [len(t) for t in alone] == [14] * size + [20] * size              # each to its limit, none at EOS
+    joined = generate(model, short, Greedy(), compiled=eager_packages(model), more=iter([long]))
+    assert [hyps[0].tokens for hyps in joined] == alone

@@ -345,12 +345,14 @@ def generate(model, src: Tensor, search: Search, src_pad: Tensor | None = None,
             advance = Advance(*run.step(slots, length, alpha_t))
             if not advance.events.item():                                    # nothing ended: the beams go on
                 slots = Slots(advance.tokens, advance.scores, *slots[2:5], advance.history)
-                continue
-            worst, done = _finish(advance, slots, length, sentence, finished, cfg.eos_id, alpha, stop, search.scores,
-                                  starts)
-            live = slots.live & ~done
-            slots = Slots(advance.tokens, advance.scores, slots.limits, live, worst, advance.history)
-            alive = int(live.sum())
+                if waiting is None or length < cfg.max_len - 1:              # (else the joined rows' columns
+                    continue                                                 # reach the model's last: dropped)
+            else:
+                worst, done = _finish(advance, slots, length, sentence, finished, cfg.eos_id, alpha, stop,
+                                      search.scores, starts)
+                live = slots.live & ~done
+                slots = Slots(advance.tokens, advance.scores, slots.limits, live, worst, advance.history)
+                alive = int(live.sum())
         if waiting is not None:                                              # sentences join in free slots
             slots, length, alive = waiting.after(slots, sentence, starts, finished, length, alive)
         if alive == 0:
