@@ -106,11 +106,16 @@ class Waiting:
         history = _widen(slots.history, length + max(self.limits[rows]), dim=1, value=0)
         return slots._replace(history=history)
 
+    def at_last_column(self, length: int) -> bool:
+        """Whether the tokens' columns reach the model's last: the first columns are dropped then, at a step where no
+        sentence ended too (a sentence that joined late would otherwise run past the cache's buffers)."""
+        return length >= self.run.model.cfg.max_len - 1
+
     def shift(self, slots, live: list[bool], starts: list[int], length: int) -> tuple:
         """Drop the cache's and the history's first columns where every live sentence began SHIFT_AT or more after
         them (or the columns reach the model's last): the slots and the tokens' count, as columns, after it."""
         first = min((start for start, alive in zip(starts, live, strict=True) if alive), default=length)
-        if first == 0 or first < SHIFT_AT and length < self.run.model.cfg.max_len - 1:
+        if first == 0 or first < SHIFT_AT and not self.at_last_column(length):
             return slots, length
         cache = self.run.cache
         cache.k = {a: t[:, :, first:].contiguous() for a, t in cache.k.items()}

@@ -345,8 +345,8 @@ def generate(model, src: Tensor, search: Search, src_pad: Tensor | None = None,
             advance = Advance(*run.step(slots, length, alpha_t))
             if not advance.events.item():                                    # nothing ended: the beams go on
                 slots = Slots(advance.tokens, advance.scores, *slots[2:5], advance.history)
-                if waiting is None or length < cfg.max_len - 1:              # (else the joined rows' columns
-                    continue                                                 # reach the model's last: dropped)
+                if waiting is None or not waiting.at_last_column(length):    # (else its first columns dropped)
+                    continue
             else:
                 worst, done = _finish(advance, slots, length, sentence, finished, cfg.eos_id, alpha, stop,
                                       search.scores, starts)
