@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -796,7 +797,9 @@ def test_a_helper_gets_ready_for_its_job_with_what_was_built_and_builds_nothing(
                                                                                  timed_gemms, tmp_path, monkeypatch):
     """`warm` (a helper's, while it waits for its job): with the packages built, the ones a batch and a sentence
     decode with are loaded then, and the job that follows loads none and prints the eager lines; where none was
-    built, it traces, builds and loads nothing (the first batch that needs a package builds it)."""
+    built, it traces, builds and loads nothing (the first batch that needs a package builds it); where a sentence's
+    were built and a batch's not, it loads the sentence's only (a build there outlived a short job: the command
+    waited for the helper, then stopped it, at every run)."""
     from glassformer.inference import compiler
 
     if compiler.cxx_compiler() is None:
@@ -813,10 +816,18 @@ def test_a_helper_gets_ready_for_its_job_with_what_was_built_and_builds_nothing(
     assert len(loads) == 2, loads                                             # the source side and the step
     assert helper.translate(SENTENCES) == eager and len(loads) == 2, loads    # nothing more at the job
     monkeypatch.setattr(torch.export, "export", lambda *a, **k: pytest.fail("traced"))
+    few = tmp_path / "few" / compiler.PACKAGES                                # a sentence's packages, not a batch's
+    few.mkdir(parents=True)
+    for path in (shared_packages / compiler.PACKAGES).glob("*-few-*"):
+        shutil.copy(path, few / path.name)
+    mixed = Translator.load(model_dir)
+    mixed.compile, mixed.compile_cache, mixed.threads = "on", str(few.parent), 1
+    mixed.warm(1, 8, len(SENTENCES))                         # the batch of 8 left to the job: nothing traced for it
+    assert len(loads) == 4 and sorted(p.name for p in few.glob("*.pt2")) == sorted(loads[2:]), loads
     fresh = Translator.load(model_dir)
     fresh.compile, fresh.compile_cache, fresh.threads = "on", str(tmp_path / "none"), 1
     fresh.warm(1, 1, len(SENTENCES))
-    assert len(loads) == 2 and not list((tmp_path / "none").rglob("*.pt2"))     # (the products' timing, at most)
+    assert len(loads) == 4 and not list((tmp_path / "none").rglob("*.pt2"))     # (the products' timing, at most)
 
 
 @pytest.mark.xdist_group("model_dir_packages")

@@ -163,9 +163,10 @@ class Translator:
             return
         search = strategy(beam, scores=False)
         _, compiled = self._decoder(sentences, search)
-        if compiled is not None and compiled.built(search):
-            unknown = [UNK, UNK]
-            self.decode_batches([[unknown] * batch_size, [unknown]], beam, DEFAULT_ALPHA, 1, sentences)
+        if compiled is not None:             # only the batches whose packages were all built: `--compile on` would
+            unknown = [UNK, UNK]             # build a missing one here, for a shape the job may never have
+            batches = [b for b in ([unknown] * batch_size, [unknown]) if compiled.built(search, len(b))]
+            self.decode_batches(batches, beam, DEFAULT_ALPHA, 1, sentences) if batches else None
 
     def decoding_model(self):
         """The model at `precision`: the model itself for float32, else its copy (made at the first call after

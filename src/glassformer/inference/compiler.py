@@ -172,10 +172,12 @@ class CompiledDecoder:
         k = self.per_call["few" if rows <= FEW_ROWS else "many"] if self.steps_fn and search.kind == "greedy" else 1
         return self.k.setdefault((search.kind, rows), k)
 
-    def built(self, search) -> bool:
-        """Whether a step of `search` (greedy's for a few rows, a batch's: TYPICAL) was built (no trace: its note)."""
-        rows = [FEW_ROWS] * (search.beam == 1) + [TYPICAL["slots"] * search.beam]
-        return any(self._found(self._kind(search, r, self.steps_per_call(search, r))[0], search) for r in rows)
+    def built(self, search, sentences: int = 0) -> bool:
+        """Whether a step of `search` was built (greedy's few rows, TYPICAL's; `sentences`: a batch's, its source)."""
+        K = search.beam
+        rows = [sentences * K] if sentences else [FEW_ROWS] * (K == 1) + [TYPICAL["slots"] * K]
+        return any(self._found(self._kind(search, r, self.steps_per_call(search, r))[0], search) for r in rows) \
+            and (not sentences or bool(self._found("source" + "-few" * (sentences <= FEW_ROWS), None)))
 
     def _kind(self, search, rows: int, k: int = 1) -> tuple[str, int | None]:
         """A step's package over `rows` rows ("-k<k>": k a call), the rows it is traced for (None: any): greedy's

@@ -122,10 +122,8 @@ class BFloat16Linear(nn.Module):
 
 
 def _swap_linears(model: nn.Module, make) -> None:
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(parent, name, make(child))
+    for parent, (name, child) in [(p, c) for p in list(model.modules()) for c in list(p.named_children())]:
+        setattr(parent, name, make(child)) if isinstance(child, nn.Linear) else None
 
 
 class Int8Linear(nn.Module):
