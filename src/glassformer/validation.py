@@ -58,13 +58,17 @@ Text = Annotated[str, AfterValidator(_valid_unicode)]     # a string that can be
 # ---- turning a pydantic error into one line ------------------------------------------------------
 
 def field_path(loc: Sequence[str | int]) -> str:
-    """('layers', 0, 'w_q', 1) -> 'layers[0].w_q[1]'. Union branch tags (written `§name`) are left out."""
+    """('layers', 0, 'w_q', 1) -> 'layers[0].w_q[1]'. Union branch tags (written `§name`) are left out; a key with
+    a character that does not print (a line break, a tab, a control) is shown as a JSON string: ["a\\nb"], so that
+    a message naming it stays one line."""
     out = ""
     for part in loc:
         if isinstance(part, str) and part.startswith("§"):
             continue
         if isinstance(part, int):
             out += f"[{part}]"
+        elif not str(part).isprintable():
+            out += f"[{json.dumps(str(part))}]"
         else:
             out += f".{part}" if out else str(part)
     return out
