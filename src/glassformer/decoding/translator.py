@@ -156,17 +156,18 @@ class Translator:
 
     def warm(self, beam: int, batch_size: int, sentences: int) -> None:
         """Get ready for a job of `sentences` at `beam` in batches of `batch_size` (a helper does while it waits for
-        its job): with compiled steps whose packages were built before (`built`), the prepared copy made and the
-        packages a batch and a sentence decode with loaded, by decoding two made-up sources (unknown units) one
-        step each; nothing is built (a missing package is left to the batch that needs it)."""
+        its job): the packages a batch and a sentence decode with loaded, by decoding a made-up batch and sentence
+        (unknown units) one step each, each only where its step and source side were both built (`built`); nothing
+        is built (a missing package is left to the batch that needs it)."""
         if self.compile == "off" or self.device.type != "cpu":
             return
         search = strategy(beam, scores=False)
         _, compiled = self._decoder(sentences, search)
-        if compiled is not None:             # only the batches whose packages were all built: `--compile on` would
-            unknown = [UNK, UNK]             # build a missing one here, for a shape the job may never have
+        if compiled is not None:             # `--compile on` would build a missing package here: for a shape the job
+            unknown = [UNK, UNK]             # may never have, in a build a short job then waits for
             batches = [b for b in ([unknown] * batch_size, [unknown]) if compiled.built(search, len(b))]
-            self.decode_batches(batches, beam, DEFAULT_ALPHA, 1, sentences) if batches else None
+            if batches:
+                self.decode_batches(batches, beam, DEFAULT_ALPHA, 1, sentences)
 
     def decoding_model(self):
         """The model at `precision`: the model itself for float32, else its copy (made at the first call after

@@ -122,8 +122,9 @@ class BFloat16Linear(nn.Module):
 
 
 def _swap_linears(model: nn.Module, make) -> None:
-    for parent, (name, child) in [(p, c) for p in list(model.modules()) for c in list(p.named_children())]:
-        setattr(parent, name, make(child)) if isinstance(child, nn.Linear) else None
+    linears = [(p, n, c) for p in list(model.modules()) for n, c in p.named_children() if isinstance(c, nn.Linear)]
+    for parent, name, child in linears:
+        setattr(parent, name, make(child))
 
 
 class Int8Linear(nn.Module):
@@ -176,6 +177,5 @@ def precision_of(model: nn.Module) -> str:
 
 @functools.cache
 def _note_once(dtype: str) -> None:
-    line = precision_note(dtype)
-    if line:
+    if line := precision_note(dtype):
         print(line, file=sys.stderr)
