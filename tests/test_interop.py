@@ -36,9 +36,9 @@ def _spm(folder: Path, name: str, lines: list[str], size: int) -> None:
     (folder / f"{name}.model").rename(folder / f"{name}.spm")
 
 
-def build_marian(folder: Path, steps: int = 150, layers: int = 2) -> Path:
+def build_marian(folder: Path, steps: int = 150, layers: int = 2, tie: bool = True) -> Path:
     """A Marian folder as save_pretrained + MarianTokenizer.save_pretrained write it; trained a little on the pairs
-    (`layers` encoder and as many decoder layers)."""
+    (`layers` encoder and as many decoder layers; `tie`: tie_word_embeddings)."""
     folder.mkdir(parents=True)
     _spm(folder, "source", ZH, 60)
     _spm(folder, "target", EN, 80)
@@ -54,7 +54,7 @@ def build_marian(folder: Path, steps: int = 150, layers: int = 2) -> Path:
         encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
         activation_function="swish", max_position_embeddings=64, scale_embedding=True, pad_token_id=pad,
         eos_token_id=0, decoder_start_token_id=pad, forced_eos_token_id=0, share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True, dropout=0.0)
+        tie_word_embeddings=tie, dropout=0.0)
     torch.manual_seed(0)
     model = transformers.MarianMTModel(cfg)
     with warnings.catch_warnings():
@@ -161,6 +161,30 @@ def test_logits_equal_transformers(imported, reference):
             for table in (hf.model.encoder.embed_positions, hf.model.decoder.embed_positions):
                 table.weight.copy_(table.create_weight())
         assert float((ours64 - theirs64).abs().max()) < 1e-10
+
+
+def test_shared_but_untied_embeddings_are_read_as_transformers_runs_them(tmp_path):
+    """share_encoder_decoder_embeddings with tie_word_embeddings false: transformers 5 gives the encoder, the
+    decoder and the output layer a matrix each (model.shared then unused), so the import reads each side's own
+    and does not share them; the logits are transformers'."""
+    folder = build_marian(tmp_path / "untied", steps=0, tie=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf = transformers.MarianMTModel.from_pretrained(folder).eval()
+    import_marian(folder, tmp_path / "run")
+    model, source, target, _ = load_translator_parts(tmp_path / "run")
+    embeddings = (hf.model.encoder.embed_tokens.weight, hf.model.decoder.embed_tokens.weight, hf.lm_head.weight)
+    if torch.equal(embeddings[0], embeddings[1]):                           # one matrix here: nothing to tell apart
+        assert model.cfg.share_embeddings
+    else:
+        assert not model.cfg.share_embeddings and not model.cfg.tie_target
+        assert torch.equal(model.tgt_embed.token.weight, embeddings[1])
+    src = torch.tensor([source.encode(ZH[0])])
+    tgt = torch.tensor([[model.cfg.bos_id, *target.encode(EN[0])]])
+    with torch.no_grad():
+        theirs, ours = hf(input_ids=src, decoder_input_ids=tgt).logits, model(src, tgt)
+    scale = max(1.0, float(theirs.abs().max()))
+    assert float((ours - theirs).abs().max()) <= 1e-5 * scale, float((ours - theirs).abs().max())
 
 
 def test_greedy_equals_generate(imported, reference):

@@ -124,7 +124,9 @@ def import_marian(folder: str | Path, out: str | Path) -> dict[str, Any]:
     cfg = marian.model_config(_json(folder / CONFIG, "MAX_CONFIG_BYTES"), str(folder / CONFIG))
     generation = _json(folder / "generation_config.json", "MAX_CONFIG_BYTES", required=False)
     source, target = read_tokenizers(folder, cfg)
-    state = marian.to_glassformer(read_tensors(folder, cfg), cfg, str(folder))
+    tensors = read_tensors(folder, cfg)
+    cfg = marian.embedding_sharing(cfg, tensors)
+    state = marian.to_glassformer(tensors, cfg, str(folder))
     model = Transformer(cfg)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:

@@ -174,6 +174,16 @@ def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def embedding_sharing(cfg: ModelConfig, tensors: dict[str, Tensor]) -> ModelConfig:
+    """`cfg` with share_embeddings off where the file holds two different embeddings for the encoder and the decoder:
+    transformers 5 unties them (and model.shared) when tie_word_embeddings is false, even with
+    share_encoder_decoder_embeddings; a file saved where they are one matrix holds one copy, or equal copies."""
+    enc, dec = tensors.get("model.encoder.embed_tokens.weight"), tensors.get("model.decoder.embed_tokens.weight")
+    if cfg.share_embeddings and enc is not None and dec is not None and not torch.equal(enc, dec):
+        return cfg.replace(share_embeddings=False)
+    return cfg
+
+
 def to_glassformer(tensors: dict[str, Tensor], cfg: ModelConfig, source: str) -> dict[str, Tensor]:
     """A glassformer state dict (float32) from Marian tensors; a missing tensor is one UsageError."""
     def need(*names: str) -> Tensor:
@@ -183,7 +193,7 @@ def to_glassformer(tensors: dict[str, Tensor], cfg: ModelConfig, source: str) ->
         raise UsageError(f"{source}: no tensor {names[0]!r}")
 
     state = {ours: need(theirs) for ours, theirs in layer_names(cfg).items()}
-    src = need("model.shared.weight", "model.encoder.embed_tokens.weight")
+    src = need("model.encoder.embed_tokens.weight", "model.shared.weight")     # what each side's forward reads
     tgt = src if cfg.share_embeddings else need("model.decoder.embed_tokens.weight", "model.shared.weight")
     state["src_embed.token.weight"], state["tgt_embed.token.weight"] = src, tgt
     state["head.weight"] = tgt if cfg.tie_target else need("lm_head.weight")
