@@ -116,6 +116,19 @@ def test_work_bombs_are_refused_with_413_before_computing(server):
     assert time.perf_counter() - started < 5                    # once 32 s and a 67 MB answer
 
 
+def test_patch_sentences_meet_the_shared_limits_and_name_their_field(server):
+    """POST /api/patch: the sentence limits of limits.py (413, the constant named; the target's is 800, not the
+    source's 400) and the model's positions (400), each error naming the sentence it is about."""
+    cases = [({"clean": "我" * 401}, 413, "MAX_SOURCE_CHARS", "clean"),
+             ({"corrupt": ["她" * 401]}, 413, "MAX_SOURCE_CHARS", "corrupt[0]"),
+             ({"target": "a " * 400 + "him"}, 413, "MAX_TARGET_CHARS", "target"),
+             ({"target": "I gave him " + "a " * 245}, 400, "positions", "target"),     # 500 characters: allowed
+             ({"clean": "我" * 200}, 400, "units", "clean")]
+    for body, status, words, field in cases:
+        got, payload = post_json(server, "/api/patch", body)
+        assert (got, payload["field"]) == (status, field) and words in payload["error"], (body, payload)
+
+
 # ---- slow clients, concurrency, shutdown --------------------------------------------------------
 
 def test_a_client_trickling_its_head_is_cut_off(server, monkeypatch):
@@ -142,6 +155,93 @@ def test_a_client_trickling_its_head_is_cut_off(server, monkeypatch):
                 closed = True
                 break
     assert closed and time.perf_counter() - started < 3
+
+
+def test_a_head_that_stops_halfway_gets_408(server, monkeypatch):
+    monkeypatch.setattr(connection, "HEAD_TIMEOUT", 0.5)
+    started = time.perf_counter()
+    status, payload = status_and_json(raw_exchange(server, b"GET /api/info HTTP/1.1\r\n"))
+    assert status == 408 and payload["field"] == "request" and time.perf_counter() - started < 5
+
+
+def test_a_client_that_stops_reading_is_cut_off_and_the_server_serves_on(monkeypatch):
+    """Answers nobody reads (a large bundle, the client's window closed): each connection is cut WRITE_TIMEOUT
+    after its socket filled, so it stops counting against MAX_CONNECTIONS; /api/info answers meanwhile."""
+    monkeypatch.setattr(connection, "WRITE_TIMEOUT", 1.0)
+    monkeypatch.setattr(connection, "MAX_CONNECTIONS", 4)
+    api = LabAPI(untrained_model())
+    monkeypatch.setattr(api, "bundle", lambda: {"weights": "0" * (32 << 20)})   # a trained model's size
+    srv = make_server(api, "127.0.0.1", 0)
+    serve_in_thread(srv)
+    port, socks = srv.server_address[1], []
+    try:
+        for _ in range(4):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(srv.server_address)
+            sock.sendall(f"GET /api/bundle HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            socks.append(sock)
+        time.sleep(0.5)
+        refused, _, raw = request(srv, "GET", "/api/info")           # the fifth connection: over the cap
+        assert refused == 503, raw
+        time.sleep(3.0)                                              # the four are cut off by now
+        status, _, _ = request(srv, "GET", "/api/info")
+        assert status == 200
+        for sock in socks:                                           # each got part of its answer, then the end
+            sock.settimeout(5)
+            got = b""
+            try:
+                while chunk := sock.recv(1 << 20):
+                    got += chunk
+            except (ConnectionResetError, TimeoutError):
+                pass
+            length = int(re.search(rb"content-length: (\d+)", got, re.I).group(1))
+            assert len(got.partition(b"\r\n\r\n")[2]) < length
+    finally:
+        for sock in socks:
+            sock.close()
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_info_and_the_page_answer_while_every_model_thread_waits_and_a_left_request_never_runs(monkeypatch):
+    """With the one model thread busy, /api/info and index.html answer at once (threads of their own); a POST
+    whose client leaves while it waits is dropped without running."""
+    monkeypatch.setattr(server_module, "WORKERS", 1)
+    release, ran = threading.Event(), []
+
+    def slow_claims():
+        release.wait(20)
+        return [claims.run_check("A1")]
+
+    def counted_spec(doc):
+        ran.append(doc)
+        return run_spec(doc)
+
+    srv = make_server(LabAPI(untrained_model(), run_spec=counted_spec, run_claims=slow_claims), "127.0.0.1", 0)
+    serve_in_thread(srv)
+    port = srv.server_address[1]
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            verify = pool.submit(request, srv, "GET", "/api/verify")
+            time.sleep(0.3)
+            started = time.perf_counter()
+            assert request(srv, "GET", "/api/info")[0] == 200 and request(srv, "GET", "/")[0] == 200
+            assert time.perf_counter() - started < 2
+            body = json.dumps(examples.block_spec()).encode()
+            with socket.create_connection(srv.server_address) as sock:   # queued behind verify, then gone
+                sock.sendall(f"POST /api/trace HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: "
+                             f"application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+                time.sleep(0.3)
+            time.sleep(1.0)                                          # the server sees it leave
+            release.set()
+            assert verify.result(timeout=30)[0] == 200
+            assert post_json(srv, "/api/trace", examples.block_spec())[0] == 200
+        assert len(ran) == 1                                         # the last request's, not the one that left
+    finally:
+        release.set()
+        srv.shutdown()
+        srv.server_close()
 
 
 def test_a_slow_body_gets_408(server, monkeypatch):

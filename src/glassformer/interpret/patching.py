@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .. import limits
 from ..errors import UsageError
 from ..lesson.examples import LESSON_CORRUPTIONS as DEFAULT_CORRUPT
 from ..lesson.examples import LESSON_PREDICT as DEFAULT_PREDICT
@@ -38,7 +39,6 @@ from .attribution_patching import approximate_scan, correlation
 from .patch_sites import FLAT, Patched, scan_sites
 
 MAX_CORRUPT = 4                 # corrupted sentences per request: each costs (heads + positions) forward passes
-MAX_SENTENCE_CHARS = 400        # characters of one sentence (as the lab's Sentence view)
 
 HookFn = Callable[[Tensor, str], Tensor]
 
@@ -107,8 +107,7 @@ def _source(source, text: Any, field: str) -> tuple[list[str], list[int]]:
     """Units and ids of one sentence; an empty, over-long or unknown-unit sentence is a UsageError naming `field`."""
     if not isinstance(text, str) or not text.strip():
         raise UsageError(f"{field}: expected a non-empty Chinese sentence", field)
-    if len(text) > MAX_SENTENCE_CHARS:
-        raise UsageError(f"{field}: {len(text)} characters; the limit is {MAX_SENTENCE_CHARS}", field)
+    limits.check(f"{field}: characters", len(text), "MAX_SOURCE_CHARS", field)
     enc = source.analyse(text)
     if enc.unknown:
         raise UsageError(f"{field}: unknown unit {enc.unknown[0]!r} (not in the model's source vocabulary)", field)
@@ -125,8 +124,7 @@ def focus_row(target, text: str, word: str) -> tuple[int, int, list[int]]:
     """
     if not isinstance(text, str) or not text.strip():
         raise UsageError("target: expected a non-empty English sentence", "target")
-    if len(text) > MAX_SENTENCE_CHARS:
-        raise UsageError(f"target: {len(text)} characters; the limit is {MAX_SENTENCE_CHARS}", "target")
+    limits.check("target: characters", len(text), "MAX_TARGET_CHARS", "target")
     if not isinstance(word, str) or not word.strip() or " " in word.strip():
         raise UsageError("predict: expected one English word", "predict")
     word = word.strip()
@@ -180,8 +178,11 @@ def lesson_patching(model, source, target, clean: str = DEFAULT_CLEAN, corrupt=D
     clean_units, clean_ids = _source(source, clean, "clean")
     row, token, ids = focus_row(target, text, predict)
     pieces = word_pieces(target, text, predict)
-    if len(ids) + 1 > limit or len(clean_ids) > limit:
-        raise UsageError(f"target/clean: over the model's limit of {limit} positions")
+    if len(clean_ids) > limit:
+        raise UsageError(f"clean: {len(clean_ids)} units; the model takes at most {limit}", "clean")
+    if len(ids) + 1 > limit:
+        raise UsageError(f"target: {len(ids) + 1} positions (BOS and the tokens); the model takes at most {limit}",
+                         "target")
     runs = []
     for k, sentence in enumerate(corrupt):
         units, src_ids = _source(source, sentence, f"corrupt[{k}]")

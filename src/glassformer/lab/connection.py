@@ -1,6 +1,7 @@
 """One HTTP connection of the lab: uvicorn's h11 protocol with a connection cap, a deadline for the
-request head (a client trickling header lines is cut off) and JSON answers for the errors it sends
-itself (a malformed request, too many connections)."""
+request head (a client trickling header lines gets 408 and is cut off), a deadline for a client that
+stops reading its answer (cut off: its connection no longer counts against the cap) and JSON answers
+for the errors it sends itself (a malformed request, too many connections, a late head)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ JSON_TYPE = "application/json; charset=utf-8"
 MAX_HEAD_BUFFER = 128 << 10          # bytes the parser buffers for an unfinished head (more: 400)
 MAX_CONNECTIONS = 64                 # open connections at once (more: 503)
 HEAD_TIMEOUT = 10.0                  # seconds for a whole request head to arrive
+WRITE_TIMEOUT = 10.0                 # seconds an answer may wait, unread, for its client to read on
 
 
 def _write_raw_error(transport, status: int, reason: str, message: str, field: str | None) -> None:
@@ -30,7 +32,7 @@ class LabProtocol(H11Protocol):
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
-        self._head_timer = None
+        self._head_timer = self._write_timer = None
         if len(self.connections) > MAX_CONNECTIONS:
             _write_raw_error(transport, 503, "Service Unavailable",
                              f"too many connections (limit {MAX_CONNECTIONS}); try again", "connection")
@@ -48,8 +50,33 @@ class LabProtocol(H11Protocol):
 
     def _head_timeout(self) -> None:
         self._head_timer = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-            self.transport.close()                     # no complete request head in time: cut it off
+        if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
+            return
+        if self.conn.trailing_data[0]:                 # part of a head came: answer it, then cut it off
+            _write_raw_error(self.transport, 408, "Request Timeout",
+                             f"the request head did not arrive within {_head_timeout_s():g} s", "request")
+        else:                                          # nothing (an idle keep-alive connection): close it
+            self.transport.close()
+
+    def pause_writing(self) -> None:
+        """The client's socket is full: it gets WRITE_TIMEOUT seconds to read on before the connection is cut."""
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(_write_timeout_s(), self._write_timeout)
+
+    def resume_writing(self) -> None:
+        self._cancel_write_timer()
+        super().resume_writing()
+
+    def _cancel_write_timer(self) -> None:
+        if getattr(self, "_write_timer", None) is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_timeout(self) -> None:
+        self._write_timer = None
+        if not self.transport.is_closing():
+            self.transport.abort()                     # an answer half sent: nothing else can be said
 
     def handle_events(self) -> None:
         before = self.cycle
@@ -64,6 +91,7 @@ class LabProtocol(H11Protocol):
 
     def connection_lost(self, exc) -> None:
         self._cancel_head_timer()
+        self._cancel_write_timer()
         super().connection_lost(exc)
 
     def shutdown(self) -> None:
@@ -80,3 +108,7 @@ class LabProtocol(H11Protocol):
 
 def _head_timeout_s() -> float:
     return HEAD_TIMEOUT
+
+
+def _write_timeout_s() -> float:
+    return WRITE_TIMEOUT

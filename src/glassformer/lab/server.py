@@ -16,8 +16,12 @@ Hardening, in the order a request meets it:
   judged before the body is read (413), from the page's own origin (403); the body is read by
   glassformer.validation.load_json (400 for bad encoding, syntax, nesting, huge integers, lone
   surrogates);
-- the work itself runs in a worker thread (the event loop keeps answering /api/info while /api/verify
-  computes); a UsageError becomes its status with {"error", "field"}; a bug a 500 and one log line.
+- the work itself runs in a worker thread: the model's work and the claims in WORKERS threads, the page's
+  files and the light GETs (QUICK_ROUTES) in QUICK_WORKERS threads of their own, so /api/info and the
+  page answer while every model thread waits; a request whose client has gone is dropped before its work
+  starts (checked every DISCONNECT_POLL seconds while it waits); an answer its client does not read
+  within WRITE_TIMEOUT (connection.py) is cut off; a UsageError becomes its status with {"error",
+  "field"}; a bug a 500 and one log line.
 Every answer, errors included, is JSON {"error", "field"} with the security headers.
 Only the regular files found in the static folder at start-up are ever served (a fixed table of routes,
 so `..`, encoded dots, absolute paths and symlinks simply are not in it).
@@ -55,6 +59,9 @@ from .guards import SECURITY_HEADERS, HeadLimits, OwnHostOnly, error_response, j
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 MAX_BODY = 1 << 20                   # bytes of one request body (1 MiB)
 WORKERS = 8                          # threads that run API work (the model itself runs one at a time)
+QUICK_WORKERS = 2                    # threads that read the page's files and answer QUICK_ROUTES
+QUICK_ROUTES = frozenset({"info", "block", "masks"})   # GETs that never wait for the model's lock
+DISCONNECT_POLL = 0.25               # seconds between two looks at whether a waiting request's client left
 BODY_TIMEOUT = 10.0                  # seconds for a whole request body to arrive
 KEEP_ALIVE = 5                       # seconds an idle keep-alive connection stays open
 GRACE = 1.0                          # seconds requests in flight get after Ctrl-C
@@ -108,12 +115,20 @@ class WorkerPool:
 
     def __init__(self, size: int = WORKERS) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.size = size
         for i in range(size):
             threading.Thread(target=self._work, name=f"glassformer-lab-worker-{i}", daemon=True).start()
 
+    def close(self) -> None:
+        """Each thread ends once it has finished what it holds (the server has stopped)."""
+        for _ in range(self.size):
+            self._jobs.put(None)
+
     def _work(self) -> None:
-        while True:
-            loop, future, fn, args = self._jobs.get()
+        while (job := self._jobs.get()) is not None:
+            loop, future, fn, args = job
+            if future.cancelled():                     # its client left while it waited: not started
+                continue
             try:
                 outcome = (fn(*args), None)
             except Exception as error:  # handed to the awaiting request, which answers it
@@ -146,9 +161,18 @@ def api_route(api: LabAPI, pool: WorkerPool, method: str, path: str, name: str) 
 
     async def endpoint(request: Request) -> Response:
         args = (await read_json_body(request),) if method == "POST" else ()
-        return json_response(200, await pool.run(work, *args))
+        job = asyncio.ensure_future(pool.run(_answer, work, args))   # the JSON written in the worker too
+        while not (await asyncio.wait({job}, timeout=DISCONNECT_POLL))[0]:
+            if await request.is_disconnected():        # nobody to answer: a job not yet started never starts
+                job.cancel()
+                return Response(status_code=499)
+        return job.result()
 
     return Route(path, endpoint, methods=[method], name=name)
+
+
+def _answer(work, args: tuple) -> Response:
+    return json_response(200, work(*args))
 
 
 def static_route(pool: WorkerPool, path: str, file: Path) -> Route:
@@ -229,9 +253,9 @@ class LabApp:
 
     def __init__(self, api: LabAPI, static: dict[str, Path], host_names: set[str], port: int) -> None:
         self.api, self.static = api, static
-        self.pool = WorkerPool()
-        routes = [*(api_route(api, self.pool, *row) for row in api.ROUTES),
-                  *(static_route(self.pool, path, file) for path, file in static.items())]
+        self.pool, self.quick = WorkerPool(WORKERS), WorkerPool(QUICK_WORKERS)
+        routes = [*(api_route(api, self.quick if row[2] in QUICK_ROUTES else self.pool, *row) for row in api.ROUTES),
+                  *(static_route(self.quick, path, file) for path, file in static.items())]
         self.starlette = Starlette(
             routes=routes,
             middleware=[Middleware(HeadLimits), Middleware(OwnHostOnly, names=host_names, port=port)],
@@ -294,6 +318,8 @@ class LabServer:
         try:
             self._uvicorn.run(sockets=[self.socket])
         finally:
+            self.app.pool.close()
+            self.app.quick.close()
             self._stopped.set()
 
     def shutdown(self) -> None:
