@@ -345,8 +345,9 @@ def test_one_beam_search_keeps_its_second_candidate_live_after_the_first_ends():
 def test_best_continuations_are_the_best_of_every_beam_and_token(vocab):
     """Each sentence's 2K best of score + log_softmax(logits) over all its beams and tokens, PAD never: against
     a brute-force sort of the whole (K x vocab) table in float64; with the best continuations all in one beam,
-    in one block, the best of a sentence in the last (short) block, a dead beam (score -inf), and both ways
-    (blocks, or one topk for a small vocabulary)."""
+    in one block, the best of a sentence in the last (short) block, a dead beam (score -inf), PAD far above every
+    other logit (the normaliser's shift is the row's largest logit, PAD's included), and both ways (blocks, or one
+    topk for a small vocabulary)."""
     from glassformer.decoding.candidates import TOP_BLOCK, best_continuations
 
     g = torch.Generator().manual_seed(vocab)
@@ -357,7 +358,8 @@ def test_best_continuations_are_the_best_of_every_beam_and_token(vocab):
     scores = -torch.rand(sent, K, generator=g, dtype=torch.float64) * 5
     scores[1] = torch.tensor([-20.0, 0.0, -20.0, -20.0], dtype=torch.float64)  # (beam 1 far ahead)
     scores[2, 1:] = -math.inf                                                # sentence 2: one live beam
-    logits[8, -1] = 60.0                                                     # sentence 2: its best, the last id
+    logits[8, -1] = 60.0                                                     # sentence 2: its best, the last id,
+    logits[8, pad] = 200.0                                                   # and PAD 140 above it: exp(140) in float32
     best, tokens, parents = best_continuations(logits, scores, pad, 2 * K)
     table = scores[:, :, None] + torch.log_softmax(logits.double(), dim=-1).view(sent, K, vocab)
     table[:, :, pad] = -math.inf

@@ -416,9 +416,9 @@ PLANTS = {                # rule -> (file, code, bug) in search.py / candidates.
         [("bound = Math.max(bound, c.value / nearest ** alpha, c.value / limit ** alpha);",
           "bound = Math.max(bound, c.value / nearest ** alpha);")]),
     "PAD keeps its probability": (   # the bug: the other tokens share PAD's (a log-softmax without PAD)
-        [("candidates.py", "top = x.max(dim=-1, keepdim=True).values",
-          "x = x.index_fill(-1, torch.tensor([pad_id], device=x.device), -math.inf)\n"
-          "    top = x.max(dim=-1, keepdim=True).values")],
+        [("candidates.py", "_log_normalizer(x, x.amax(dim=-1, keepdim=True))",
+          "_log_normalizer(allowed, allowed.amax(dim=-1, keepdim=True))"),
+         ("candidates.py", "_log_normalizer(x, top)", "_log_normalizer(allowed, top)")],
         [("for (let i = 0; i < logits.length; i++) total += Math.exp(logits[i] - top);",
           "for (let i = 0; i < logits.length; i++) if (i !== padId) total += Math.exp(logits[i] - top);")]),
 }

@@ -47,13 +47,16 @@ def most_probable(logits: Tensor, pad_id: int, normalise: bool = True) -> tuple[
     return best.double() - (top.double() + total.log()), tokens
 
 
-def _log_normalizer(x: Tensor, pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
-    """logsumexp of each row (rows, 1) float64 (the exponentials in x's precision, summed in float64), the
-    token ids as numbers of x's dtype (vocab,), and x with PAD at -inf (rows, vocab)."""
-    top = x.max(dim=-1, keepdim=True).values                               # (rows, 1)
-    lse = top.double() + torch.exp(x - top).double().sum(dim=-1, keepdim=True).log()   # (rows, 1) float64
+def _without_pad(x: Tensor, pad_id: int) -> Tensor:
+    """x (rows, vocab) with PAD's column at -inf."""
     index = torch.arange(x.size(-1), device=x.device, dtype=x.dtype)       # (vocab,)
-    return lse, index, torch.where(index == pad_id, -math.inf, x)
+    return torch.where(index == pad_id, -math.inf, x)
+
+
+def _log_normalizer(x: Tensor, top: Tensor) -> Tensor:
+    """logsumexp of each row (rows, 1) float64: the exponentials of x - top in x's precision (top: the row's
+    largest logit, (rows, 1)), summed in float64."""
+    return top.double() + torch.exp(x - top).double().sum(dim=-1, keepdim=True).log()
 
 
 TOP_BLOCK = 32                    # the vocabulary read in blocks of this many ids
@@ -74,14 +77,17 @@ def best_continuations(logits: Tensor, scores: Tensor, pad_id: int, n: int) -> t
     x = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
     rows, vocab = x.shape
     n = min(n, K * vocab)
-    lse, _, allowed = _log_normalizer(x, pad_id)                           # (rows, 1), _, (rows, vocab)
-    base = scores.reshape(rows, 1) - lse                                   # (rows, 1): a row's value = base + logit
+    allowed = _without_pad(x, pad_id)                                      # (rows, vocab)
     if vocab < 4 * n * TOP_BLOCK:
+        base = scores.reshape(rows, 1) - _log_normalizer(x, x.amax(dim=-1, keepdim=True))   # (rows, 1)
         best, at = (base + allowed.double()).view(sent, K * vocab).topk(n)  # (sent, n)
         return best, at % vocab, at // vocab
     blocks = -(-vocab // TOP_BLOCK)
     tiled = F.pad(allowed, (0, blocks * TOP_BLOCK - vocab), value=-math.inf).view(rows, blocks, TOP_BLOCK)
-    chosen = (base + tiled.amax(dim=-1).double()).view(sent, K * blocks).topk(n).indices   # (sent, n) best blocks
+    maxima = tiled.amax(dim=-1)                                            # (rows, blocks)
+    top = torch.maximum(maxima.amax(dim=-1, keepdim=True), x[:, pad_id: pad_id + 1])   # (rows, 1) = x's max, exactly
+    base = scores.reshape(rows, 1) - _log_normalizer(x, top)               # (rows, 1): a row's value = base + logit
+    chosen = (base + maxima.double()).view(sent, K * blocks).topk(n).indices   # (sent, n) best blocks
     row = torch.arange(sent, device=x.device)[:, None] * K + chosen // blocks               # (sent, n) their rows
     picked = tiled.reshape(rows * blocks, TOP_BLOCK).index_select(0, (row * blocks + chosen % blocks).view(-1))
     values = base.view(rows)[row][:, :, None] + picked.view(sent, n, TOP_BLOCK).double()     # (sent, n, TOP_BLOCK)
