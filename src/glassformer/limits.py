@@ -24,6 +24,7 @@ MAX_SPEC_WIDTH = 512                 # columns: d, d_k, d_v, d_ff
 MAX_SPEC_HEADS = 32                  # heads of one attention sub-layer
 MAX_MATRIX_ELEMENTS = 65_536         # numbers in any one matrix, given or computed (n·m scores, n·d_ff hidden)
 MAX_OUTPUT_ELEMENTS = 1_000_000      # numbers in a whole trace answer (about 20 MB of JSON)
+MAX_JSON_INDENT = 16                 # `trace --indent`: spaces per nesting level of the printed JSON
 
 # ---- exercise sheets (`exercise new`, `exercise check`) ---------------------------------------
 MAX_SHEET_FILE_BYTES = 256 << 10     # an exercise.json, sheet.json or answers file (256 KiB)
@@ -53,6 +54,8 @@ MAX_TARGET_CHARS = 800               # characters of one target sentence in the 
 MAX_SENTENCE_TOKENS = 512            # units / tokens of one sentence on either side
 MAX_TOP_K = 20                       # candidates listed per target row
 MAX_BEAM = 32                        # beam size of `translate` / `evaluate`
+MAX_ALPHA = 10                       # --alpha, the length penalty: 0..MAX_ALPHA (score / len^alpha stays finite)
+MAX_LINE_CHARS = 100_000             # characters of one input line of `translate`, checked before it is segmented
 
 # ---- attribution (`attribute`, POST /api/attribute) ------------------------------------------
 MAX_IG_STEPS = 256                   # integrated-gradients steps (Gauss–Legendre nodes) per row

@@ -31,6 +31,19 @@ positive = at_least(1, "a positive integer")
 non_negative = at_least(0, "an integer >= 0")
 
 
+def utf8_text(text: str) -> str:
+    """An argparse type for free text (a sentence, --target, --contrast): refused in one line when it is not UTF-8.
+    Python keeps a byte of the command line that is not UTF-8 as a lone surrogate (U+DC80..U+DCFF), which no output
+    can encode: it was segmented as an unknown unit, or ended in a traceback, or in JSON that is not UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        char = text[error.start]
+        what = f"byte 0x{ord(char) - 0xDC00:02x}" if "\udc80" <= char <= "\udcff" else f"U+{ord(char):04X}"
+        raise argparse.ArgumentTypeError(f"not UTF-8 text ({what})") from None
+    return text
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """--model DIR and --device: which trained model, and where it runs."""
     parser.add_argument("--model", metavar="DIR",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import multiprocessing
 import re
 import sys
@@ -26,7 +27,9 @@ def _add_decoding(parser: argparse.ArgumentParser, beam: int = 1) -> None:
     add_model_arguments(parser)
     parser.add_argument("--beam", type=positive, default=beam,
                         help=f"beam size (default {beam}{' = greedy' if beam == 1 else '; 1 = greedy'})")
-    parser.add_argument("--alpha", type=float, help="beam length penalty: score / len^alpha")
+    parser.add_argument("--alpha", type=_alpha_option,
+                        help=f"beam length penalty: score / len^alpha, a number from 0 to {limits.MAX_ALPHA} "
+                             "(default 1.0)")
     parser.add_argument("--stop", choices=STOP_RULES, default=DEFAULT_STOP,
                         help="when a sentence's beam search ends: bound (default) = when no live beam can still "
                              "beat the best finished one; full = also once K hypotheses have finished (fairseq's, "
@@ -61,6 +64,20 @@ def _workers_option(text: str) -> str | int:
         return positive(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"expected auto or a positive integer, got {text!r}") from None
+
+
+def _alpha_option(text: str) -> float:
+    """--alpha: a finite number from 0 to MAX_ALPHA (limits.py), else one line naming the range. Beyond it len^alpha
+    overflows a float (--alpha 1000 was an OverflowError traceback from the search); nan, inf and a negative
+    exponent are no length penalty (docs/translator.md tests 0..2). A range of values, not a work limit: --no-limits
+    does not lift it."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= limits.MAX_ALPHA:                                  # false for nan too
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to {limits.MAX_ALPHA} (MAX_ALPHA), got {text!r}")
+    return value
 
 
 def auto_workers(sentences: int, batch_size: int, cores: int) -> int:
@@ -203,7 +220,9 @@ def _decoding_threads(args, sentences: int, helpers: bool = False) -> None:
 def add_translate_arguments(parser: argparse.ArgumentParser) -> None:
     _add_decoding(parser)
     parser.add_argument("--verbose", action="store_true", help="show units and unknown units on stderr")
-    parser.add_argument("--truncate", action="store_true", help="cut input over the model's length limit")
+    parser.add_argument("--truncate", action="store_true",
+                        help=f"cut input over the model's length limit (a line over MAX_LINE_CHARS = "
+                             f"{limits.MAX_LINE_CHARS:,} characters to that many before it is segmented)")
     parser.add_argument("--batch-size", type=positive, default=BATCH_SIZE,
                         help=f"sentences per batch (default {BATCH_SIZE})")
     parser.add_argument("text", nargs="*", help="Chinese sentences (default: one per line on stdin)")
@@ -227,7 +246,7 @@ def translate_command(args) -> int:
     try:
         translator.batch_size = args.batch_size
         if args.verbose:
-            for n, enc in enumerate(translator.analyse(lines), start=1):
+            for n, enc in enumerate(translator.analyse(lines, args.truncate), start=1):
                 unknown = f"  unknown: {' '.join(enc.unknown)}" if enc.unknown else ""
                 print(f"[{n}] {'／'.join(enc.units)}{unknown}", file=sys.stderr)
         translated = translator.translate(lines, args.beam, alpha, truncate=args.truncate, max_length=args.max_length)

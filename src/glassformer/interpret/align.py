@@ -256,10 +256,10 @@ def render_gold(result: dict[str, Any], best: int = 5) -> str:
 # ---- glassformer align -------------------------------------------------------------------------
 
 def add_align_arguments(parser) -> None:
-    from ..options import add_model_arguments, non_negative, positive
+    from ..options import add_model_arguments, non_negative, positive, utf8_text
 
-    parser.add_argument("sentence", nargs="?", help="Chinese sentence (not with --gold)")
-    parser.add_argument("--target", help="the English sentence to align to it (teacher-forced)")
+    parser.add_argument("sentence", nargs="?", type=utf8_text, help="Chinese sentence (not with --gold)")
+    parser.add_argument("--target", type=utf8_text, help="the English sentence to align to it (teacher-forced)")
     parser.add_argument("--method", choices=METHODS, help=f"score method (default {DEFAULT_METHOD})")
     parser.add_argument("--layer", type=non_negative, help="with --head and --method attention: one decoder layer "
                                                            "(0-based)")

@@ -23,7 +23,7 @@ from ..decoding.translator import Translator
 from ..errors import UsageError
 from ..model.hooks import Recording
 from ..model.readout import NextToken, next_token_walk, walk_inputs
-from ..options import add_model_arguments, device_name, model_dir, positive
+from ..options import add_model_arguments, device_name, model_dir, positive, utf8_text
 
 FOCUS_INPUT, FOCUS_NEXT = "gave", "him"   # the lesson's row: input `gave` predicts `him`
 
@@ -142,8 +142,9 @@ def render(walk: dict[str, Any]) -> str:
 
 # ---- the `explain` command -------------------------------------------------------------------------------
 def add_explain_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("sentence", help="one Chinese sentence")
-    parser.add_argument("--target", help="English to teacher-force (default: the model's own greedy output)")
+    parser.add_argument("sentence", type=utf8_text, help="one Chinese sentence")
+    parser.add_argument("--target", type=utf8_text,
+                        help="English to teacher-force (default: the model's own greedy output)")
     add_model_arguments(parser)
     parser.add_argument("--all-layers", action="store_true", help="cross-attention of every decoder layer")
     parser.add_argument("--top", type=positive, default=5, help="next-token candidates per row (default 5)")

@@ -262,14 +262,16 @@ def render(result: dict[str, Any]) -> str:
 # ---- glassformer patch -------------------------------------------------------------------------
 
 def add_patch_arguments(parser) -> None:
-    from ..options import add_model_arguments
+    from ..options import add_model_arguments, utf8_text
 
-    parser.add_argument("clean", nargs="?", default=DEFAULT_CLEAN, help=f"the clean sentence (default {DEFAULT_CLEAN})")
-    parser.add_argument("--corrupt", action="append", metavar="SENTENCE",
+    parser.add_argument("clean", nargs="?", default=DEFAULT_CLEAN, type=utf8_text,
+                        help=f"the clean sentence (default {DEFAULT_CLEAN})")
+    parser.add_argument("--corrupt", action="append", metavar="SENTENCE", type=utf8_text,
                         help=f"a corrupted sentence; repeat for several, at most {MAX_CORRUPT} "
                              f"(default: {' and '.join(DEFAULT_CORRUPT)})")
-    parser.add_argument("--target", default=DEFAULT_TARGET, help=f"the English target (default {DEFAULT_TARGET!r})")
-    parser.add_argument("--predict", default=DEFAULT_PREDICT,
+    parser.add_argument("--target", default=DEFAULT_TARGET, type=utf8_text,
+                        help=f"the English target (default {DEFAULT_TARGET!r})")
+    parser.add_argument("--predict", default=DEFAULT_PREDICT, type=utf8_text,
                         help=f"the target word whose probability is measured, at the row before it (default "
                              f"{DEFAULT_PREDICT})")
     parser.add_argument("--heads-only", action="store_true",

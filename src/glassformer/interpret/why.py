@@ -271,14 +271,16 @@ def render_lens(result: dict[str, Any]) -> str:
 # ---- glassformer attribute ---------------------------------------------------------------------
 
 def add_attribute_arguments(parser) -> None:
-    from ..options import add_model_arguments
+    from ..options import add_model_arguments, utf8_text
 
-    parser.add_argument("sentence", nargs="?", default=DEFAULT_CLEAN,
+    parser.add_argument("sentence", nargs="?", default=DEFAULT_CLEAN, type=utf8_text,
                         help=f"Chinese sentence (default {DEFAULT_CLEAN})")
-    parser.add_argument("--target", help="teacher-force this English target (default: the greedy output)")
+    parser.add_argument("--target", type=utf8_text,
+                        help="teacher-force this English target (default: the greedy output)")
     parser.add_argument("--method", choices=METHODS, default=DEFAULT_METHOD,
                         help=f"attribution method (default {DEFAULT_METHOD})")
-    parser.add_argument("--contrast", metavar="WORD", help="attribute log p(token) − log p(WORD), e.g. her")
+    parser.add_argument("--contrast", metavar="WORD", type=utf8_text,
+                        help="attribute log p(token) − log p(WORD), e.g. her")
     parser.add_argument("--steps", type=_steps, default=DEFAULT_STEPS,
                         help=f"integrated-gradients steps, or {AUTO!r}: doubled until every row is complete within "
                              f"--tolerance (default {DEFAULT_STEPS}; a number: at most {limits.MAX_IG_STEPS}, "

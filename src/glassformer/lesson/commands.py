@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
+import os
 import sys
+import tempfile
 import unicodedata
 
 import numpy as np
@@ -24,9 +28,11 @@ from .views import lesson_batch
 
 def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", metavar="SPEC.json", help="trace-spec v1 file ('-' reads standard input)")
-    parser.add_argument("--output", "-o", metavar="FILE", help="write the JSON here instead of standard output")
+    parser.add_argument("--output", "-o", metavar="FILE",
+                        help="write the JSON here instead of standard output (whole or not at all: an earlier FILE "
+                             "stays as it was when the writing fails)")
     parser.add_argument("--indent", type=int, default=None, metavar="N",
-                        help="pretty-print with N spaces (default: one compact line)")
+                        help=f"pretty-print with N spaces, 0..{limits.MAX_JSON_INDENT} (default: one compact line)")
 
 
 def read_spec(path: str) -> object:
@@ -40,9 +46,64 @@ def read_spec(path: str) -> object:
     return load_json(raw, where, error_type=SpecError)
 
 
+def write_output(path: str, text: str) -> None:
+    """`text` into the file `path` (trace -o), whole or not at all: written to a temporary file in the same folder,
+    then renamed over `path`, so a write that fails midway (a full disk, a file-size limit) leaves an earlier file
+    as it was and no temporary one (it was truncated in place before). A symbolic link is followed (its target is
+    replaced). Written in place: a path that is there but not a file (a FIFO, a device), one under /dev or /proc
+    (/dev/stdout: an open file of this process), a file in a folder this process may not write. A failure is one
+    line naming -o and `path`: UsageError (exit 2) when the file cannot be made there (no such folder, no
+    permission, a folder), OSError (exit 1, as a full stdout) when the system refuses the writing."""
+    target, temp = os.path.realpath(path), None
+    try:
+        if os.path.isdir(path):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+        descriptor = any(p.startswith(("/dev/", "/proc/")) for p in (os.path.abspath(path), target))
+        in_place = os.path.exists(path) and (descriptor or not os.path.isfile(path))
+        folder, name = os.path.split(target)
+        if not in_place:
+            try:
+                fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+            except PermissionError:
+                if not os.access(target, os.W_OK):                  # (False too where there is no file yet)
+                    raise
+                in_place = True
+        if in_place:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            return
+        try:
+            mode = os.stat(target).st_mode & 0o7777                         # an earlier file keeps its mode
+        except FileNotFoundError:
+            mode = 0o666 & ~_umask()                                        # a new one gets open()'s
+        os.chmod(temp, mode)
+        with open(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(temp, target)
+        temp = None
+    except OSError as error:
+        shown = path if path.isprintable() else json.dumps(path)            # one line whatever the name
+        message = f"-o {shown}: {error.strerror or error}"
+        if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+            raise UsageError(message, "output") from None
+        raise OSError(message) from None
+    finally:
+        if temp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def trace_command(args: argparse.Namespace) -> int:
     if args.indent is not None and args.indent < 0:
         raise UsageError(f"--indent: expected N >= 0, got {args.indent}")
+    if args.indent is not None:
+        limits.check("--indent", args.indent, "MAX_JSON_INDENT", "indent")
     doc = read_spec(args.spec)
     torch.set_num_threads(LESSON_THREADS)
     try:
@@ -52,8 +113,7 @@ def trace_command(args: argparse.Namespace) -> int:
         raise type(error)(f"{where}: {error}", error.field) from None
     text = json.dumps(result, indent=args.indent, ensure_ascii=False, allow_nan=False)
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+        write_output(args.output, text + "\n")
     else:
         print(text)
     return 0

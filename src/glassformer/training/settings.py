@@ -13,11 +13,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ..errors import UsageError
 from ..limits import MAX_VOCAB
 from ..model import ModelConfig
+from ..threads import usable_cores
 from ..validation import Schema, validate
 from .presets import PRESETS
 
@@ -114,6 +115,16 @@ class RunOptions(Schema):
     quiet: bool = knob(False, "no progress bar")
     compile: bool = knob(False, "compile the training step (forward, loss, backward) with torch.compile "
                                 "(needs a C++ compiler; docs/performance.md)")
+
+    @field_validator("threads")
+    @classmethod
+    def _within_the_cores(cls, threads: int | None) -> int | None:
+        """At most the cores this process may use, as --workers (decoding/workers.py): each thread is an OS thread
+        of OpenMP's pool (--threads 9999 made 20,001)."""
+        cores = usable_cores()
+        if threads is not None and threads > cores:
+            raise ValueError(f"{threads}, outside 1..{cores} (the cores this process may use)")
+        return threads
 
 
 SCHEMAS = {"model": ModelSettings, "train": TrainSettings, "run": RunOptions}
