@@ -11,13 +11,17 @@ imported from Marian carries MarianTokenizer's files instead (source.spm, target
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from ..data.checkpoint import find_run_root, load_translator_parts, write_json
@@ -129,6 +133,46 @@ def write_tokenizers(root: Path, source, target, out: Path) -> list[str]:
     return ["source_tokenizer.json", "target_tokenizer.json"]
 
 
+@contextlib.contextmanager
+def staged_folder(out: Path, what: str) -> Iterator[Path]:
+    """Yield an empty staging folder beside `out` (`.NAME.partial`) to write `what` into; when the block ends
+    without an error, put it in place of `out` (new, or an empty folder). On any failure the staging folder
+    is removed and `out` is left as it was ("never lost work"): a half-written folder is never left behind.
+    An OSError while writing (a full disk, a file-size limit, a folder that cannot be made) and a
+    SafetensorError (safetensors' own I/O errors are not OSErrors) are one UsageError naming `--out`; an
+    OSError that names a file outside the output alone (a source file that cannot be read) goes on as it is."""
+    out = Path(out)
+    whole = Path(os.path.abspath(out))                  # "." and "a/.." have a name once made absolute
+    staging = whole.with_name(f".{whole.name}.partial")
+    try:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    except OSError as error:
+        raise UsageError(f"--out {out}: cannot create the folder ({error.strerror or error})") from None
+    try:
+        yield staging
+        if whole.exists():
+            whole.rmdir()
+        staging.rename(whole)
+    except SafetensorError as error:
+        detail = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
+        raise UsageError(f"--out {out}: cannot write {what} ({detail}); the partial output was removed") from None
+    except OSError as error:
+        if _names_only_other_files(error, (staging, whole)):
+            raise
+        raise UsageError(f"--out {out}: cannot write {what} ({error.strerror or error}); the partial "
+                         "output was removed") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _names_only_other_files(error: OSError, ours: tuple[Path, ...]) -> bool:
+    """Whether `error` is about files outside the output (then its own message names the file): it names a
+    file, and neither it nor its second file (shutil.copyfile's destination) is or lies in one of `ours`."""
+    names = [Path(os.path.abspath(n)) for n in (error.filename, error.filename2) if isinstance(n, (str, Path))]
+    return bool(names) and not any(n == p or p in n.parents for n in names for p in ours)
+
+
 def export(model_dir: str | Path, to: str, out: str | Path, quantization: str | None = None) -> list[str]:
     """Write the export of the run folder `model_dir` into `out` (new or empty); returns the files written."""
     if to not in FORMATS:
@@ -139,21 +183,14 @@ def export(model_dir: str | Path, to: str, out: str | Path, quantization: str | 
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"--out {out}: exists and is not an empty folder")
     model, source, target, _ = load_translator_parts(model_dir)
-    staging = out.with_name(f".{out.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
+    where = Path(os.path.abspath(out))                  # `--out .`: the folder is replaced, the name stays
+    with staged_folder(out, f"the {to} export") as staging:
         if to == "transformers":
             write_transformers(model, staging)
         else:
             write_ctranslate2(model, *_vocabularies(source, target), staging, quantization)
         write_tokenizers(find_run_root(model_dir), source, target, staging)
-        if out.exists():
-            out.rmdir()
-        staging.rename(out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return sorted(p.name for p in out.iterdir())
+    return sorted(p.name for p in where.iterdir())
 
 
 # ---- glassformer export ------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from ..data.sentencepiece import PAD_TOKEN, PieceVocab, SentencePieceSource, Sen
 from ..errors import UsageError
 from ..model import ModelConfig, Transformer
 from . import marian
+from .export import staged_folder
 
 FORMAT = "Hugging Face Marian"
 
@@ -136,12 +137,12 @@ def import_marian(folder: str | Path, out: str | Path) -> dict[str, Any]:
               "summary": f"imported from {folder.resolve()} ({FORMAT}, {parameters:,} parameters)"}
     if isinstance(generation, dict) and isinstance(generation.get("num_beams"), int):
         origin["num_beams"] = generation["num_beams"]
-    out.mkdir(parents=True, exist_ok=True)
-    for name in ("source.spm", "target.spm"):
-        shutil.copyfile(folder / name, out / name)
-    write_json(out / VOCAB, {"source": source.to_dict(), "target": target.to_dict()})
-    save_weights(model, out / MODEL)
-    write_json(out / CONFIG, {"model": cfg.to_dict(), "train": {}, "origin": origin})
+    with staged_folder(out, "the run folder") as staging:      # `out` appears whole or not at all
+        for name in ("source.spm", "target.spm"):
+            shutil.copyfile(folder / name, staging / name)
+        write_json(staging / VOCAB, {"source": source.to_dict(), "target": target.to_dict()})
+        save_weights(model, staging / MODEL)
+        write_json(staging / CONFIG, {"model": cfg.to_dict(), "train": {}, "origin": origin})
     return origin
 
 

@@ -73,14 +73,22 @@ def target_tokens(en: str) -> list[str]:
 def parse_links(text: str) -> frozenset[Link]:
     """Pharaoh links "0-0 1-3 2-3" -> frozenset({(0, 0), (1, 3), (2, 3)}); "" -> frozenset().
 
-    Raises UsageError naming the first link that is not two non-negative integers joined by "-".
+    Raises UsageError naming the first link that is not two non-negative integers joined by "-", or whose
+    index has more digits than any index below MAX_GOLD_TOKENS (checked before the digits are converted:
+    `int` refuses strings of over 4300 digits, and no such index is ever in range).
     """
+    digits = len(str(MAX_GOLD_TOKENS))
     links = set()
     for item in text.split():
         match = _LINK.fullmatch(item)
         if match is None:
             raise UsageError(f"malformed link {item[:40]!r} (expected i-j, two non-negative integers)")
-        links.add((int(match.group(1)), int(match.group(2))))
+        indices = [group.lstrip("0") or "0" for group in match.groups()]
+        longest = max(len(index) for index in indices)
+        if longest > digits:
+            raise UsageError(f"link {item[:40]!r}: an index of {longest} digits is out of range (a side has at "
+                             f"most MAX_GOLD_TOKENS ({MAX_GOLD_TOKENS}) tokens)")
+        links.add((int(indices[0]), int(indices[1])))
     return frozenset(links)
 
 
@@ -122,7 +130,7 @@ def load_gold(path: str | os.PathLike[str] | None = None) -> list[GoldPair]:
     file over MAX_GOLD_BYTES (checked before reading), more than MAX_GOLD_PAIRS pairs, a line that is not
     UTF-8 or not a JSON object, a missing, unknown or mistyped field, tokens that differ from
     source_tokens(zh) / target_tokens(en) or exceed MAX_GOLD_TOKENS, a malformed or out-of-range link,
-    sure ⊄ possible, a repeated id. Blank lines are skipped.
+    sure ⊄ possible, a repeated id, no pair at all. Blank lines are skipped.
     """
     source = default_path() if path is None else Path(path)
     name = str(source)
@@ -148,6 +156,8 @@ def load_gold(path: str | os.PathLike[str] | None = None) -> list[GoldPair]:
             raise UsageError(f"{name} line {number}: field 'id': {pair.id!r} repeats line {seen[pair.id]}", "id")
         seen[pair.id] = number
         pairs.append(pair)
+    if not pairs:                   # nothing to score: an AER over no pairs would read as a perfect 0.000
+        raise UsageError(f"{name}: no gold pairs (the file is empty or holds only blank lines)")
     return pairs
 
 

@@ -386,9 +386,15 @@ def merge(own: np.ndarray | None, computed: np.ndarray) -> np.ndarray:
 
 
 def run(sheet, sw: Switches = RIGHT, own: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-    """Every cell as `sw` computes it; with `own`, each cell from the student's own earlier cells."""
+    """Every cell as `sw` computes it; with `own`, each cell from the student's own earlier cells (quietly)."""
     values: dict[str, np.ndarray] = {}
-    for cell in cells(sheet, sw):
-        args = [merge(own.get(p) if own else None, values[p]) for p in cell.inputs]
-        values[cell.path] = cell.fn(*args)
+    with quiet():
+        for cell in cells(sheet, sw):
+            args = [merge(own.get(p) if own else None, values[p]) for p in cell.inputs]
+            values[cell.path] = cell.fn(*args)
     return values
+
+
+def quiet():
+    """The overflow (±1e308, 1e300) and 0/0 of float64 cells: inf or NaN, never judged right; NumPy's warnings off."""
+    return np.errstate(over="ignore", invalid="ignore", divide="ignore")

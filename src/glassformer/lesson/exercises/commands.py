@@ -161,16 +161,33 @@ def _audit_line(sheet, folder: Path) -> str:
             f"{a['margin']:g} and no two coincide ({', '.join(a['covered'])})")
 
 
+def _check_key(sheet, where: str) -> None:
+    """The lesson's own computation of the sheet must give numbers: a sheet whose values overflow float64 (q and k
+    of 1e300) has an infinite or NaN key, against which no answer can be judged (and an answer's "-inf" would
+    match an infinite score). Masked scaled scores alone are −∞."""
+    import numpy as np
+
+    from .bugs import run
+    for path, table in run(sheet).items():
+        masked = np.isneginf(table) if path.endswith("scaled_scores") else np.zeros(table.shape, dtype=bool)
+        if not (np.isfinite(table) | masked).all():
+            raise UsageError(f"{where}: {path}: the lesson's computation of this sheet gives inf or NaN (numbers "
+                             "beyond float64, or a 0/0): no answer can be judged against it")
+
+
 def _check(args: argparse.Namespace) -> int:
+    from .bugs import quiet
     from .check import check, parse_answers, report_text
     from .sheet import load_sheet, read_json_file
     try:
         sheet = load_sheet(args.exercise)
     except NotASheet:
         raise
+    _check_key(sheet, args.exercise)
     answers = read_json_file(args.answers, "answers")
-    own = parse_answers(answers, sheet, args.answers)
-    report = check(sheet, own)
+    with quiet():                       # a student's ±1e308 overflows the products that read it: inf, never right
+        own = parse_answers(answers, sheet, args.answers)
+        report = check(sheet, own)
     if args.json:
         print(json.dumps(report.as_json(), ensure_ascii=False))
     else:

@@ -1,0 +1,250 @@
+"""Hostile files and failing writes, each one line and exit 2 (never a traceback, never a half-written output):
+a gold link of 5,000 digits and a gold file without pairs (`align --gold`), `import` and `export` when the disk
+refuses a write (a file-size limit: an OSError, or safetensors' own SafetensorError), `export --out` under a
+folder that cannot be made, and `exercise check` on numbers that overflow float64 (no NumPy warning on stderr,
+and no infinite product judged right)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from glassformer.cli import main
+from glassformer.data.checkpoint import save_run_files, save_weights
+from glassformer.data.tokenize import SourceTokenizer, TargetTokenizer
+from glassformer.errors import UsageError
+from glassformer.interpret.gold import load_gold
+from glassformer.model import ModelConfig, Transformer
+
+ZH = ["我很好。", "你好吗？", "他是学生。", "我们去学校。"]
+EN = ["I am fine.", "How are you?", "He is a student.", "We go to school."]
+GOLD = {"id": "x1", "split": "test", "zh": "我很好。", "en": "I am fine.", "src": ["我", "很", "好", "。"],
+        "tgt": ["I", "am", "fine", "."], "sure": "0-0 2-2 3-3", "possible": "0-0 1-1 2-2 3-3"}
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """An untrained tiny model saved as an ordinary run folder (glassformer's own tokenizers)."""
+    source = SourceTokenizer.train([list(z) for z in ZH])
+    target = TargetTokenizer.train(EN, 120)
+    cfg = ModelConfig.tiny(src_vocab=source.vocab_size, tgt_vocab=target.vocab_size)
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("runs") / "tiny"
+    save_run_files(out, cfg, {}, source, target)
+    save_weights(Transformer(cfg).eval(), out / "model.safetensors")
+    return out
+
+
+def _gone(out: Path) -> None:
+    """Neither the output nor its staging folder is left behind."""
+    assert not out.exists(), sorted(out.iterdir())
+    assert not list(out.parent.glob(f".{out.name}*")), list(out.parent.iterdir())
+
+
+# ---- align --gold ----------------------------------------------------------------------------------
+def test_a_link_of_5000_digits_is_one_line_naming_line_and_field(tmp_path, capsys):
+    path = tmp_path / "gold.jsonl"
+    path.write_text(json.dumps({**GOLD, "sure": "0-" + "9" * 5000, "possible": "0-" + "9" * 5000}) + "\n")
+    with pytest.raises(UsageError) as info:
+        load_gold(path)
+    message = str(info.value)
+    assert f"{path} line 1: field 'sure'" in message and "5000 digits" in message and "MAX_GOLD_TOKENS" in message
+    assert len(message) < 300, message
+    assert main(["align", "--gold", str(path), "--model", str(tmp_path / "no-model")]) == 2  # the gold file first
+    err = _one_line(capsys)
+    assert f"{path} line 1: field 'sure'" in err and "5000 digits" in err, err
+    # leading zeros are no digits of the value: "0-000…01" is the link 0-1
+    path.write_text(json.dumps({**GOLD, "sure": "0-" + "0" * 5000 + "1", "possible": "0-1 0-0 1-1 2-2 3-3"}) + "\n")
+    assert load_gold(path)[0].sure == {(0, 1)}
+
+
+@pytest.mark.parametrize("text", ["", "\n\n  \n\n"], ids=["empty", "blank lines"])
+def test_a_gold_file_without_pairs_is_refused(run_dir, tmp_path, capsys, text):
+    path = tmp_path / "gold.jsonl"
+    path.write_text(text)
+    with pytest.raises(UsageError, match="no gold pairs"):
+        load_gold(path)
+    assert main(["align", "--gold", str(path), "--model", str(run_dir)]) == 2
+    err = _one_line(capsys)
+    assert str(path) in err and "no gold pairs" in err, err
+    assert capsys.readouterr().out == ""                                # no table scoring nothing as AER 0.000
+
+
+# ---- export ---------------------------------------------------------------------------------------
+def test_export_when_safetensors_cannot_write(run_dir, tmp_path, capsys, monkeypatch):
+    from safetensors import SafetensorError
+
+    from glassformer.interop import export
+
+    def full_disk(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"\0" * 100)                           # a part was written, then the limit
+        raise SafetensorError("Error while serializing: I/O error: File too large (os error 27)")
+
+    monkeypatch.setattr(export, "save_file", full_disk)
+    out = tmp_path / "hf"
+    assert main(["export", "--model", str(run_dir), "--to", "transformers", "--out", str(out)]) == 2
+    err = _one_line(capsys)
+    assert f"--out {out}: cannot write" in err and "File too large" in err, err
+    _gone(out)
+    monkeypatch.undo()
+    assert main(["export", "--model", str(run_dir), "--to", "transformers", "--out", str(out)]) == 0
+    assert (out / "model.safetensors").is_file() and (out / "source_tokenizer.json").is_file()
+
+
+def test_export_when_a_json_file_cannot_be_written(run_dir, tmp_path, capsys, monkeypatch):
+    from glassformer.interop import export
+
+    def full_disk(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(export, "write_json", full_disk)
+    out = tmp_path / "hf"
+    assert main(["export", "--model", str(run_dir), "--to", "transformers", "--out", str(out)]) == 2
+    err = _one_line(capsys)
+    assert f"--out {out}: cannot write" in err and "No space left on device" in err, err
+    _gone(out)
+
+
+def test_export_out_where_no_folder_can_be_made_names_the_out_given(run_dir, tmp_path, capsys):
+    (tmp_path / "afile").write_text("")
+    outs = [tmp_path / "afile" / "x"] + ([Path("/proc/glassformer-export-test")] if Path("/proc/self").exists()
+                                         else [])
+    for out in outs:
+        assert main(["export", "--model", str(run_dir), "--to", "transformers", "--out", str(out)]) == 2
+        err = _one_line(capsys)
+        assert f"--out {out}: " in err and ".partial" not in err, err
+        assert not out.exists()
+
+
+# ---- import ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def marian_dir(run_dir, tmp_path_factory) -> Path:
+    """A Marian folder: the tiny run exported to transformers, with the tokenizer files MarianTokenizer has."""
+    spm = pytest.importorskip("sentencepiece")
+    from glassformer.data.checkpoint import load_translator_parts
+    from glassformer.interop.export import export
+
+    folder = tmp_path_factory.mktemp("marian") / "hf"
+    export(run_dir, "transformers", folder)
+    _, source, target, _ = load_translator_parts(run_dir)
+    text = folder / "text.txt"
+    text.write_text("我 你 他\nI you he\n" * 20, encoding="utf-8")
+    for name in ("source", "target"):
+        spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(folder / name), vocab_size=24,
+                                       minloglevel=2, hard_vocab_limit=False)
+        (folder / f"{name}.model").rename(folder / f"{name}.spm")
+    (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(source.vocab.tokens)}))
+    (folder / "target_vocab.json").write_text(json.dumps({target.id_to_token(i): i
+                                                          for i in range(target.vocab_size)}))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"separate_vocabs": True}))
+    return folder
+
+
+def test_import_when_the_weights_cannot_be_written(marian_dir, tmp_path, capsys, monkeypatch):
+    """The audit's case: the copy is refused part-way; a rerun then finds --out free, not half-written."""
+    from glassformer.interop import importer
+
+    def too_large(model, path):
+        Path(path).write_bytes(b"\0" * 100)
+        raise OSError(errno.EFBIG, "File too large")
+
+    monkeypatch.setattr(importer, "save_weights", too_large)
+    out = tmp_path / "run"
+    assert main(["import", str(marian_dir), "--out", str(out)]) == 2
+    err = _one_line(capsys)
+    assert f"--out {out}: cannot write the run folder (File too large)" in err, err
+    _gone(out)
+    monkeypatch.undo()
+    assert main(["import", str(marian_dir), "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "source.spm",
+                                                     "target.spm", "vocab.json"]
+
+
+def test_import_when_a_copy_is_cut_names_the_output_not_the_source(marian_dir, tmp_path, capsys, monkeypatch):
+    from glassformer.interop import importer
+
+    def cut(src, dst, **kwargs):               # shutil.copyfile's sendfile: the error names both files, src first
+        Path(dst).write_bytes(b"\0" * 10)
+        raise OSError(errno.EFBIG, "File too large", str(src), None, str(dst))
+
+    monkeypatch.setattr(importer.shutil, "copyfile", cut)
+    out = tmp_path / "run"
+    assert main(["import", str(marian_dir), "--out", str(out)]) == 2
+    err = _one_line(capsys)
+    assert f"--out {out}: cannot write the run folder (File too large)" in err and str(marian_dir) not in err, err
+    _gone(out)
+
+    def unreadable(src, dst, **kwargs):        # a source file that cannot be read is named as it is
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(src))
+
+    monkeypatch.setattr(importer.shutil, "copyfile", unreadable)
+    assert main(["import", str(marian_dir), "--out", str(out)]) == 2
+    err = _one_line(capsys)
+    assert f"{marian_dir / 'source.spm'}" in err and "--out" not in err, err
+    _gone(out)
+
+
+# ---- exercise check --------------------------------------------------------------------------------
+@pytest.fixture
+def sheet_dir(tmp_path, capsys) -> Path:
+    assert main(["exercise", "new", "--kind", "attention", "--seed", "0", "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    return tmp_path
+
+
+def test_answers_of_1e308_give_a_verdict_without_a_numpy_warning(sheet_dir, capsys):
+    key = json.loads((sheet_dir / "key.json").read_text(encoding="utf-8"))
+    n, m = len(key["scores"]), len(key["scores"][0])
+    answers = {**key, "scores": [[1e308] * m] * n, "weights": [[-1e308] * m] * n}
+    (sheet_dir / "a.json").write_text(json.dumps(answers))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                                  # a RuntimeWarning (overflow) fails
+        assert main(["exercise", "check", str(sheet_dir / "exercise.json"), str(sheet_dir / "a.json"),
+                     "--json"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    got = json.loads(captured.out)
+    verdicts = {c["path"]: c["verdict"] for c in got["cells"]}
+    assert got["verdict"] == "wrong" and verdicts["scores"] == verdicts["weights"] == "wrong", got
+    assert verdicts["output"] == "right"                                # the key's own output, written as given
+
+
+def test_a_sheet_whose_numbers_overflow_is_refused(sheet_dir, capsys):
+    doc = json.loads((sheet_dir / "exercise.json").read_text(encoding="utf-8"))
+    doc["q"] = [[1e300] * len(row) for row in doc["q"]]
+    doc["k"] = [[1e300] * len(row) for row in doc["k"]]
+    huge = sheet_dir / "huge"
+    huge.mkdir()
+    (huge / "exercise.json").write_text(json.dumps(doc))
+    n, m = len(doc["q"]), len(doc["k"])
+    (huge / "a.json").write_text(json.dumps({"scores": [["-inf"] * m] * n}))   # would match an infinite score
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["exercise", "check", str(huge / "exercise.json"), str(huge / "a.json")]) == 2
+    err = _one_line(capsys)
+    assert f"{huge / 'exercise.json'}: scores: " in err and "inf or NaN" in err, err
+
+
+def test_bugs_run_is_quiet_on_overflow(sheet_dir):
+    import numpy as np
+
+    from glassformer.lesson.exercises.bugs import run
+    from glassformer.lesson.exercises.sheet import load_sheet
+
+    sheet = load_sheet(str(sheet_dir / "exercise.json"))
+    n, m = sheet.n_queries, sheet.n_keys
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        values = run(sheet, own={"weights": np.full((n, m), -1e308)})
+    assert not np.isfinite(values["output"]).all()
