@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.marian_files import marian_tokenizer_files
 
 from glassformer.cli import main
 from glassformer.data.checkpoint import save_run_files, save_weights
@@ -131,23 +132,14 @@ def test_export_out_where_no_folder_can_be_made_names_the_out_given(run_dir, tmp
 @pytest.fixture(scope="module")
 def marian_dir(run_dir, tmp_path_factory) -> Path:
     """A Marian folder: the tiny run exported to transformers, with the tokenizer files MarianTokenizer has."""
-    spm = pytest.importorskip("sentencepiece")
+    pytest.importorskip("sentencepiece")
     from glassformer.data.checkpoint import load_translator_parts
     from glassformer.interop.export import export
 
     folder = tmp_path_factory.mktemp("marian") / "hf"
     export(run_dir, "transformers", folder)
     _, source, target, _ = load_translator_parts(run_dir)
-    text = folder / "text.txt"
-    text.write_text("我 你 他\nI you he\n" * 20, encoding="utf-8")
-    for name in ("source", "target"):
-        spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(folder / name), vocab_size=24,
-                                       minloglevel=2, hard_vocab_limit=False)
-        (folder / f"{name}.model").rename(folder / f"{name}.spm")
-    (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(source.vocab.tokens)}))
-    (folder / "target_vocab.json").write_text(json.dumps({target.id_to_token(i): i
-                                                          for i in range(target.vocab_size)}))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"separate_vocabs": True}))
+    marian_tokenizer_files(folder, source, target)
     return folder
 
 

@@ -14,6 +14,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow   # trains a small run in the test
 
+from tests.marian_files import marian_tokenizer_files  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 from torch.nn.utils.rnn import pad_sequence  # noqa: E402
 
@@ -132,7 +133,7 @@ def test_import_of_export_gives_the_same_logits(run_dir, tmp_path):
     export(run_dir, "transformers", tmp_path / "hf")
     model, source, target, _ = load_translator_parts(run_dir)
     hf_dir = tmp_path / "hf"
-    _marian_tokenizer_files(hf_dir, source, target)
+    marian_tokenizer_files(hf_dir, source, target)
     import_marian(hf_dir, tmp_path / "back")
     back = load_translator_parts(tmp_path / "back")[0]
     assert model.cfg.position_layout == "interleaved" and back.cfg.position_layout == "halves"
@@ -143,22 +144,6 @@ def test_import_of_export_gives_the_same_logits(run_dir, tmp_path):
     assert float((a - b).abs().max()) < 1e-6 * max(1.0, float(a.abs().max()))
     perm = marian.halves_permutation(8)
     assert perm.tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
-
-
-def _marian_tokenizer_files(folder: Path, source, target) -> None:
-    """Files MarianTokenizer would have (the import reads them): SentencePiece models and vocabularies."""
-    import sentencepiece as spm
-
-    text = folder / "text.txt"
-    text.write_text("我 你 他\nI you he\n" * 20, encoding="utf-8")
-    for name in ("source", "target"):
-        spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(folder / name), vocab_size=24,
-                                       minloglevel=2, hard_vocab_limit=False)
-        (folder / f"{name}.model").rename(folder / f"{name}.spm")
-    (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(source.vocab.tokens)}))
-    tvocab = {target.id_to_token(i): i for i in range(target.vocab_size)}
-    (folder / "target_vocab.json").write_text(json.dumps(tvocab))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"separate_vocabs": True}))
 
 
 def test_refuses_what_marian_cannot_express(run_dir, tmp_path, capsys):
