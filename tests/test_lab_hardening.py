@@ -166,14 +166,16 @@ def test_a_head_that_stops_halfway_gets_408(server, monkeypatch):
 
 def test_a_client_that_stops_reading_is_cut_off_and_the_server_serves_on(monkeypatch):
     """Answers nobody reads (a large bundle, the client's window closed): each connection is cut WRITE_TIMEOUT
-    after its socket filled, so it stops counting against MAX_CONNECTIONS; /api/info answers meanwhile."""
+    after its socket filled, so it stops counting against MAX_CONNECTIONS; /api/info answers meanwhile. The
+    answer is encoded once and sent a chunk at a time: four stuck clients do not hold four copies of it
+    (a copy each was ~30 MB); a client that reads gets all of it."""
     monkeypatch.setattr(connection, "WRITE_TIMEOUT", 0.5)
     monkeypatch.setattr(connection, "MAX_CONNECTIONS", 4)
-    api = LabAPI(untrained_model())
-    monkeypatch.setattr(api, "bundle", lambda: {"weights": "0" * (32 << 20)})   # a trained model's size
+    api, bundle = LabAPI(untrained_model()), {"weights": "0" * (32 << 20)}      # a trained model's size, kept
+    monkeypatch.setattr(api, "bundle", lambda: bundle)
     srv = make_server(api, "127.0.0.1", 0)
     serve_in_thread(srv)
-    port, socks = srv.server_address[1], []
+    port, socks, before = srv.server_address[1], [], _rss_mb()
     try:
         for _ in range(4):
             sock = socket.socket()
@@ -184,10 +186,13 @@ def test_a_client_that_stops_reading_is_cut_off_and_the_server_serves_on(monkeyp
         time.sleep(0.2)
         refused, _, raw = request(srv, "GET", "/api/info")           # the fifth connection: over the cap
         assert refused == 503, raw
-        deadline = time.perf_counter() + 15                         # the four are cut off (0.5 s after each
+        deadline, most = time.perf_counter() + 15, 0.0              # the four are cut off (0.5 s after each
         while (status := request(srv, "GET", "/api/info")[0]) == 503 and time.perf_counter() < deadline:
-            time.sleep(0.25)                                         # answer fills its socket), then served
-        assert status == 200
+            most = max(most, _rss_mb() - before)                     # answer fills its socket), then served
+            time.sleep(0.1)
+        assert status == 200 and most < 80, most                     # one 32 MB encoding, a chunk each
+        status, _, raw = request(srv, "GET", "/api/bundle")
+        assert status == 200 and json.loads(raw) == bundle
         for sock in socks:                                           # each got part of its answer, then the end
             sock.settimeout(5)
             got = b""

@@ -28,9 +28,13 @@ SECURITY_HEADERS = {
 }
 
 
+def json_bytes(payload: dict) -> bytes:
+    """An answer's body: compact UTF-8 JSON, no NaN."""
+    return json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+
+
 def json_response(status: int, payload: dict, extra: Mapping[str, str] | None = None) -> Response:
-    body = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
-    return Response(body, status, headers={**SECURITY_HEADERS, **(extra or {})}, media_type=JSON_TYPE)
+    return Response(json_bytes(payload), status, headers={**SECURITY_HEADERS, **(extra or {})}, media_type=JSON_TYPE)
 
 
 def error_response(status: int, message: str, field: str | None, extra: Mapping[str, str] | None = None) -> Response:

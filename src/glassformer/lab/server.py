@@ -47,20 +47,21 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import UsageError
 from ..validation import load_json
 from .api import LabAPI
-from .connection import MAX_HEAD_BUFFER, LabProtocol
-from .guards import SECURITY_HEADERS, HeadLimits, OwnHostOnly, error_response, json_response
+from .connection import JSON_TYPE, MAX_HEAD_BUFFER, LabProtocol
+from .guards import SECURITY_HEADERS, HeadLimits, OwnHostOnly, error_response, json_bytes
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 MAX_BODY = 1 << 20                   # bytes of one request body (1 MiB)
 WORKERS = 8                          # threads that run API work (the model itself runs one at a time)
 QUICK_WORKERS = 2                    # threads that read the page's files and answer QUICK_ROUTES
 QUICK_ROUTES = frozenset({"info", "block", "masks"})   # GETs that never wait for the model's lock
+STREAM_CHUNK = 1 << 20               # bytes of a large answer written at a time (the 31 MB bundle)
 DISCONNECT_POLL = 0.25               # seconds between two looks at whether a waiting request's client left
 BODY_TIMEOUT = 10.0                  # seconds for a whole request body to arrive
 KEEP_ALIVE = 5                       # seconds an idle keep-alive connection stays open
@@ -156,12 +157,13 @@ def _settle(future: asyncio.Future, result, error) -> None:
 
 # ---- the endpoints ---------------------------------------------------------------------------------
 def api_route(api: LabAPI, pool: WorkerPool, method: str, path: str, name: str) -> Route:
-    """A row of LabAPI.ROUTES as a Starlette route: the body (POST) checked and read, the work in a worker."""
-    work = getattr(api, name)
+    """A row of LabAPI.ROUTES as a Starlette route: the body (POST) checked and read, the work in a worker.
+    An answer the API keeps and hands out again (the bundle, the claims) is encoded once (`kept`)."""
+    work, kept = getattr(api, name), Kept()
 
     async def endpoint(request: Request) -> Response:
         args = (await read_json_body(request),) if method == "POST" else ()
-        job = asyncio.ensure_future(pool.run(_answer, work, args))   # the JSON written in the worker too
+        job = asyncio.ensure_future(pool.run(_answer, work, args, kept))   # the JSON written in the worker too
         while not (await asyncio.wait({job}, timeout=DISCONNECT_POLL))[0]:
             if await request.is_disconnected():        # nobody to answer: a job not yet started never starts
                 job.cancel()
@@ -171,8 +173,32 @@ def api_route(api: LabAPI, pool: WorkerPool, method: str, path: str, name: str) 
     return Route(path, endpoint, methods=[method], name=name)
 
 
-def _answer(work, args: tuple) -> Response:
-    return json_response(200, work(*args))
+class Kept:
+    """The last answer of a route and its JSON bytes: the same object again is not encoded again."""
+
+    def __init__(self) -> None:
+        self.payload, self.body, self.lock = None, b"", threading.Lock()
+
+    def encode(self, payload) -> bytes:
+        with self.lock:
+            if payload is not self.payload:
+                self.payload, self.body = payload, json_bytes(payload)
+            return self.body
+
+
+def _answer(work, args: tuple, kept: Kept) -> Response:
+    """200 and the JSON of `work(*args)`; an answer over STREAM_CHUNK bytes is sent a chunk at a time, each after
+    the client has taken the one before (uvicorn's flow control), so a client that does not read holds one chunk."""
+    body = kept.encode(work(*args))
+    headers = {**SECURITY_HEADERS, "Content-Length": str(len(body))}
+    if len(body) <= STREAM_CHUNK:
+        return Response(body, 200, headers=SECURITY_HEADERS, media_type=JSON_TYPE)
+    return StreamingResponse(_chunks(memoryview(body)), 200, headers=headers, media_type=JSON_TYPE)
+
+
+async def _chunks(view: memoryview):
+    for start in range(0, len(view), STREAM_CHUNK):
+        yield view[start: start + STREAM_CHUNK]
 
 
 def static_route(pool: WorkerPool, path: str, file: Path) -> Route:
