@@ -45,6 +45,10 @@ def test_alpha_outside_its_range_is_one_line_naming_the_limit(capsys, command, v
                     "--alpha", "MAX_ALPHA", f"0 to {limits.MAX_ALPHA}")
 
 
+def test_a_negative_count_of_examples_to_show_is_one_line(capsys):
+    one_line_exit_2(capsys, ["evaluate", "--model", "/nonexistent", "--show", "-1"], "--show", ">= 0")
+
+
 def test_alpha_at_the_ends_of_its_range_decodes(short_tiny_run, capsys):
     for value in ("0", str(limits.MAX_ALPHA)):
         code = main(["translate", "--model", str(short_tiny_run), "--beam", "4", "--alpha", value, "我很好。"])

@@ -163,6 +163,20 @@ def test_import_when_the_weights_cannot_be_written(marian_dir, tmp_path, capsys,
                                                      "target.spm", "vocab.json"]
 
 
+def test_an_imported_num_beams_is_kept_only_where_translate_could_use_it(marian_dir, tmp_path, capsys):
+    """generation_config.json's num_beams goes into origin when --beam would take it (1..MAX_BEAM), not -5 or true."""
+    import shutil
+
+    for value, kept in ((4, True), (-5, False), (True, False), (10_000, False)):
+        folder = tmp_path / f"hf{value}"
+        shutil.copytree(marian_dir, folder)
+        (folder / "generation_config.json").write_text(json.dumps({"num_beams": value}))
+        out = tmp_path / f"run{value}"
+        assert main(["import", str(folder), "--out", str(out)]) == 0
+        origin = json.loads((out / "config.json").read_text(encoding="utf-8"))["origin"]
+        assert (origin.get("num_beams") == value) is kept and (kept or "num_beams" not in origin), origin
+
+
 def test_import_when_a_copy_is_cut_names_the_output_not_the_source(marian_dir, tmp_path, capsys, monkeypatch):
     from glassformer.interop import importer
 

@@ -16,7 +16,7 @@ import warnings
 
 from .. import limits
 from ..errors import UsageError
-from ..options import add_model_arguments, device_name, model_dir, positive
+from ..options import add_model_arguments, device_name, model_dir, non_negative, positive
 from .choices import AUTO_BATCHES_A_WORKER, AUTO_MIN_SENTENCES, AUTO_MOST_WORKERS, BATCH_SIZE, DEFAULT_STOP, STOP_RULES
 
 OWN_PROCESS = False     # cli.run sets it: the command owns its process, whose objects may be frozen (gc)
@@ -267,7 +267,7 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="raw: segment the Chinese like user input (default); gold: corpus segmentation")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
     parser.add_argument("--hypotheses", action="store_true", help="with --json: every translation too, in order")
-    parser.add_argument("--show", type=int, default=0, metavar="N", help="also print N example translations")
+    parser.add_argument("--show", type=non_negative, default=0, metavar="N", help="also print N example translations")
 
 
 def evaluate_command(args) -> int:

@@ -135,8 +135,9 @@ def import_marian(folder: str | Path, out: str | Path) -> dict[str, Any]:
     parameters = sum(p.numel() for p in model.parameters())
     origin = {"kind": "imported", "from": str(folder.resolve()), "format": FORMAT, "parameters": parameters,
               "summary": f"imported from {folder.resolve()} ({FORMAT}, {parameters:,} parameters)"}
-    if isinstance(generation, dict) and isinstance(generation.get("num_beams"), int):
-        origin["num_beams"] = generation["num_beams"]
+    beams = generation.get("num_beams") if isinstance(generation, dict) else None
+    if type(beams) is int and 1 <= beams <= limits.MAX_BEAM:              # what `translate --beam` would take
+        origin["num_beams"] = beams
     with staged_folder(out, "the run folder") as staging:      # `out` appears whole or not at all
         for name in ("source.spm", "target.spm"):
             shutil.copyfile(folder / name, staging / name)
