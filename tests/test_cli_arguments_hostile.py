@@ -191,3 +191,32 @@ def test_a_line_over_the_character_limit_is_refused_or_cut_before_it_is_segmente
         assert code == 0 and len(out.splitlines()) == 2, err
         assert max(segmented) == limits.MAX_LINE_CHARS                      # cut to the limit, then segmented
         segmented.clear()
+
+
+# ---- messages that say a thing once, and say the right thing ----------------------------------------------
+
+def test_an_empty_model_name_is_named_as_such(capsys):
+    one_line_exit_2(capsys, ["translate", "--model", "", "我很好。"], "--model: an empty folder name")
+
+
+def test_an_empty_sentence_to_explain_is_one_line_said_once(short_tiny_run, capsys):
+    err = one_line_exit_2(capsys, ["explain", "--model", str(short_tiny_run), " "], "the sentence is empty")
+    assert err.count("explain") == 1, err
+
+
+def test_weights_that_do_not_fit_name_their_file_once(short_tiny_run, tmp_path, capsys):
+    import json
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(short_tiny_run, run)
+    config = json.loads((run / "config.json").read_text(encoding="utf-8"))
+    config["model"]["positions"] = "learned"                                # a table the weights do not hold
+    (run / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    err = one_line_exit_2(capsys, ["translate", "--model", str(run), "我很好。"], "model.safetensors")
+    assert err.count(str(run / "model.safetensors")) == 1, err
+
+
+def test_too_many_corrupted_sentences_name_the_limit(short_tiny_run, capsys):
+    argv = ["patch", "--model", str(short_tiny_run), "我很好。", *["--corrupt", "你很好。"] * 5]
+    one_line_exit_2(capsys, argv, "corrupt", "MAX_CORRUPT")

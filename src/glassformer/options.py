@@ -53,6 +53,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def model_dir(args) -> Path:
     """The folder of --model (else $GLASSFORMER_MODEL, else runs/default); one line if it does not exist."""
+    if args.model is not None and not args.model.strip():
+        raise UsageError("--model: an empty folder name; give a run folder (or leave --model out for the default)")
     folder = Path(args.model) if args.model else default_model_dir()
     if not folder.exists():
         where = "--model" if args.model else (f"${MODEL_ENV}" if os.environ.get(MODEL_ENV) else "default")

@@ -297,7 +297,8 @@ def load_translator_parts(folder: str | Path, device: str | torch.device = "cpu"
     try:
         load_weights(model, weights)
     except (SafetensorError, ValueError, RuntimeError) as error:
-        raise UsageError(f"{weights}: {str(error).splitlines()[0]}") from None
+        line = str(error).splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UsageError(line if line.startswith(f"{weights}: ") else f"{weights}: {line}") from None
     model.to(device).eval()
     return model, source, target, {"model": config.model, "train": config.train, "origin": config.origin}
 

@@ -77,7 +77,7 @@ def explain(translator: Translator, sentence: str, target: str | None = None, al
     model, tgt_tok = translator.model, translator.target
     enc = translator.source.analyse(sentence)
     if not enc.ids:
-        raise UsageError("explain: the sentence is empty")
+        raise UsageError("the sentence is empty")
     translator.check_lengths([enc])
     layers = range(model.cfg.decoder_layers) if all_layers else [model.cfg.decoder_layers - 1]
     walk = walk_sentence(model, enc.ids, None if target is None else tgt_tok.encode(target),

@@ -173,7 +173,8 @@ def lesson_patching(model, source, target, clean: str = DEFAULT_CLEAN, corrupt=D
     if not corrupt:
         raise UsageError("corrupt: give at least one corrupted sentence", "corrupt")
     if len(corrupt) > MAX_CORRUPT:
-        raise UsageError(f"corrupt: {len(corrupt)} sentences; the limit is {MAX_CORRUPT}", "corrupt")
+        raise UsageError(f"corrupt: {len(corrupt)} sentences; the limit is {MAX_CORRUPT} (MAX_CORRUPT)", "corrupt",
+                         status=413)
     limit = model.cfg.max_len
     clean_units, clean_ids = _source(source, clean, "clean")
     row, token, ids = focus_row(target, text, predict)
