@@ -95,6 +95,67 @@ def test_resume_continues_the_same_loss_trajectory(tmp_path):
         train(_args(straight, *common))
 
 
+def test_a_save_cut_after_its_weights_leaves_the_checkpoint_before_whole(tmp_path, monkeypatch):
+    """A full disk while the optimizer is saved (the weights already written): the run stops with one error, and
+    --resume continues from the checkpoint before, whole: the losses are the uninterrupted run's. Before, the top
+    held the new weights beside the old optimizer and state, and the resumed run went another way."""
+    from glassformer.data import checkpoint
+
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    common = ("--epochs", "4", "--dropout", "0.1", "--seed", "3")
+    assert train(_args(straight, *common, "--max-steps", "12")) == 0
+    assert train(_args(split, *common, "--max-steps", "7")) == 0
+
+    def full(optimizer, path):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(checkpoint, "save_optimizer", full)
+    with pytest.raises(OSError, match="No space"):
+        train(_args(split, "--resume", "--max-steps", "12"))
+    monkeypatch.undo()
+    assert read_json(split / "state.json")["step"] == 7
+    assert train(_args(split, "--resume", "--max-steps", "12")) == 0
+    a, b = _losses(straight), _losses(split)
+    for step in range(8, 13):
+        assert b[step] == pytest.approx(a[step], abs=1e-6), step
+
+
+def test_a_run_cut_before_its_first_checkpoint_resumes_from_step_0(tmp_path):
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    common = ("--epochs", "4", "--dropout", "0.1", "--seed", "3", "--max-steps", "6")
+    assert train(_args(straight, *common)) == 0
+    assert train(_args(cut, *common)) == 0
+    for name in ("state.json", "model.safetensors", "optimizer.safetensors", "metrics.jsonl"):
+        (cut / name).unlink()                                   # what a run stopped during its first epoch has
+    import shutil
+    shutil.rmtree(cut / "checkpoints")
+    assert train(_args(cut, "--resume")) == 0
+    assert _losses(cut) == pytest.approx(_losses(straight), abs=1e-6)
+
+
+def test_a_resumed_runs_files_are_checked_and_nothing_outside_it_is_touched(tmp_path):
+    run, victim = tmp_path / "run", tmp_path / "victim"
+    assert train(_args(run, "--epochs", "2", "--seed", "3", "--max-steps", "5")) == 0
+    victim.mkdir()
+    (victim / "keep.txt").write_text("mine")
+    state = read_json(run / "state.json")
+    for bad, words in (({**state, "checkpoints": ["../../victim"]}, "not a checkpoint name"),
+                       ({**state, "step": "ten"}, "step: expected an integer"), ([], "expected a JSON object"),
+                       ({**state, "rng": {}}, "rng: not a saved random state")):
+        (run / "state.json").write_text(json.dumps(bad))
+        with pytest.raises(UsageError, match=words):
+            train(_args(run, "--resume", "--max-steps", "9", "--keep", "1"))
+    assert (victim / "keep.txt").read_text() == "mine"
+    (run / "state.json").write_text(json.dumps(state))
+    weights = run / "checkpoints" / f"step-{state['step']}" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])                         # cut short (the top's is the same file)
+    with pytest.raises(UsageError, match="cannot resume from it"):
+        train(_args(run, "--resume", "--max-steps", "9"))
+    for inside in (run / "best", run / "checkpoints" / "step-1"):            # a new run inside this one
+        with pytest.raises(UsageError, match="inside the run"):
+            train(_args(inside))
+
+
 @pytest.mark.slow
 def test_resume_keeps_the_cooldown_and_the_dropout_draws(tmp_path):
     """With a cool-down, word dropout and BPE-dropout, a run stopped at step 7 and resumed ends where the

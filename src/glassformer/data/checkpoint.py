@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -162,29 +163,53 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 # ---- whole checkpoints ---------------------------------------------------------------------
+STEP_NAME = re.compile(r"step-\d{1,12}")    # a checkpoint folder's name, as state["checkpoints"] lists it
+
+
+def step_folder(run: Path, name: Any) -> Path:
+    """run/checkpoints/NAME for a name of STEP_NAME's form; anything else (`../x` from an edited state.json) is a
+    UsageError, so nothing outside checkpoints/ is read or removed."""
+    if not isinstance(name, str) or not STEP_NAME.fullmatch(name):
+        raise UsageError(f"{run / STATE}: checkpoints: {str(name)[:40]!r} is not a checkpoint name (step-N)",
+                         "checkpoints")
+    return run / "checkpoints" / name
+
+
 def save_checkpoint(run: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                     state: dict[str, Any], keep: int = 3) -> Path:
-    """Latest weights/optimizer/state at the top of the run folder, linked into checkpoints/step-N.
-
-    Keeps the last `keep` step folders; records them in state["checkpoints"].
-    """
+    """Weights, optimizer and state of this step written whole into checkpoints/step-N (its state.json last:
+    the folder is complete once that is there), then linked to the top of the run folder, state.json last:
+    the top's state.json always names a step whose folder is complete (`resume_folder`). A save cut anywhere
+    (Ctrl-C twice, a full disk) leaves the checkpoint before it as it was. Keeps the last `keep` step folders
+    (`keep` 0: none; the files written at the top directly); records them in state["checkpoints"]."""
     run = Path(run)
-    step_dir = run / "checkpoints" / f"step-{state['step']}"
+    step_dir = step_folder(run, f"step-{state['step']}")
     recent = [c for c in state.get("checkpoints", []) if c != step_dir.name] + [step_dir.name]
     drop, recent = recent[:-keep] if keep > 0 else recent, recent[-keep:] if keep > 0 else []
     state = {**state, "checkpoints": recent}
-    save_weights(model, run / MODEL)
-    if optimizer is not None:
-        save_optimizer(optimizer, run / OPTIMIZER)
-    write_json(run / STATE, state)
+    into = step_dir if keep > 0 else run
+    try:
+        save_weights(model, into / MODEL)
+        if optimizer is not None:
+            save_optimizer(optimizer, into / OPTIMIZER)
+        write_json(into / STATE, state)
+    except SafetensorError as error:                 # safetensors' own I/O errors: one line, as an OSError's
+        raise OSError(f"checkpoint step-{state['step']} not written ({str(error).strip()[:120]}); the one before "
+                      "it is intact") from None
     if keep > 0:
-        step_dir.mkdir(parents=True, exist_ok=True)
-        for name in (MODEL, OPTIMIZER, STATE):
-            if (run / name).exists():
-                link_or_copy(run / name, step_dir / name)
+        for name in (MODEL, OPTIMIZER, STATE):                              # the state last
+            if (step_dir / name).exists():
+                link_or_copy(step_dir / name, run / name)
     for name in drop:
-        shutil.rmtree(run / "checkpoints" / name, ignore_errors=True)
+        shutil.rmtree(step_folder(run, name), ignore_errors=True)
     return step_dir
+
+
+def resume_folder(run: Path, state: dict[str, Any]) -> Path:
+    """Where a resumed run reads its weights and optimizer: the folder of the step the top's state.json names
+    (complete whatever a cut save left at the top), else the top itself (a run kept with --keep 0)."""
+    folder = step_folder(run, f"step-{state['step']}")
+    return folder if (folder / STATE).is_file() else run
 
 
 def save_best(run: str | Path, model: nn.Module, state: dict[str, Any]) -> None:
@@ -198,8 +223,8 @@ def save_run_files(run: str | Path, cfg: ModelConfig, train_args: dict[str, Any]
                    source: SourceTokenizer, target: TargetTokenizer) -> None:
     """config.json and vocab.json: everything needed to rebuild the model and its tokenizers."""
     run = Path(run)
-    write_json(run / CONFIG, {"model": cfg.to_dict(), "train": train_args})
     write_json(run / VOCAB, {"source": source.to_dict(), "target": target.to_dict()})
+    write_json(run / CONFIG, {"model": cfg.to_dict(), "train": train_args})   # last: it marks a run (--resume)
 
 
 def find_run_root(folder: str | Path) -> Path:

@@ -22,11 +22,13 @@ import time
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from ..data.batching import Example, collate, drop_words, make_batches, rank_share, step_groups
 from ..data.checkpoint import (
     CONFIG,
+    MODEL,
     OPTIMIZER,
     STATE,
     VOCAB,
@@ -36,11 +38,13 @@ from ..data.checkpoint import (
     load_weights,
     read_json,
     read_run_json,
+    resume_folder,
     rng_state,
     save_best,
     save_checkpoint,
     save_run_files,
     set_rng_state,
+    step_folder,
     write_json,
 )
 from ..data.pieces import PieceDropout, cut_step
@@ -129,6 +133,12 @@ class Trainer:
             if config.exists():
                 raise UsageError(f"{self.out} already holds a run: pass --resume to continue it, "
                                  "or choose another --out")
+            inside = next((p for p in self.out.resolve().parents if (p / CONFIG).is_file() and (p / VOCAB).is_file()),
+                          None)
+            if inside is not None:                       # its best/ or checkpoints/step-N: they would be overwritten
+                raise UsageError(f"--out {self.out}: inside the run {inside}; choose a folder outside it")
+            if any((self.out / name).exists() for name in (MODEL, OPTIMIZER, STATE)):
+                raise UsageError(f"--out {self.out}: holds weights or a training state; choose another --out")
             return resolve_settings(args), None
         if not config.is_file():
             raise UsageError(f"--resume: {self.out} holds no run (no {CONFIG}); nothing to resume — "
@@ -139,15 +149,32 @@ class Trainer:
 
     # ---- state ----------------------------------------------------------------------------
     def _load(self) -> None:
-        self.state = read_json(self.out / STATE)
-        load_weights(self.model, self.out / "model.safetensors")
-        load_optimizer(self.optimizer, self.out / OPTIMIZER)
+        """The last checkpoint: state.json, then the weights and the optimizer of the step it names (their own
+        folder, complete even where a cut save left the top half new). A run cut before its first checkpoint
+        starts at step 0 with its saved settings; a file that cannot be read is one line naming it."""
+        path = self.out / STATE
+        if not path.is_file():
+            if self.dist.main:
+                print(f"--resume: {self.out} has no checkpoint yet (stopped before its first); starting at step 0 "
+                      "with its saved settings", file=sys.stderr)
+            return
+        self.state = _checked_state(read_run_json(path, "MAX_CONFIG_BYTES"), path)
+        folder = resume_folder(self.out, self.state)
+        for name, load, into in ((MODEL, load_weights, self.model), (OPTIMIZER, load_optimizer, self.optimizer)):
+            try:
+                load(into, folder / name)
+            except (SafetensorError, ValueError, RuntimeError, KeyError, OSError) as error:
+                detail = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+                raise UsageError(f"{folder / name}: cannot resume from it ({detail})") from None
         for group in self.optimizer.param_groups:
             for p in group["params"]:
                 for k, v in self.optimizer.state.get(p, {}).items():
                     if torch.is_tensor(v) and k != "step":
                         self.optimizer.state[p][k] = v.to(self.device)
-        set_rng_state(self.state["rng"])
+        try:
+            set_rng_state(self.state["rng"])
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as error:
+            raise UsageError(f"{path}: rng: not a saved random state ({type(error).__name__})", "rng") from None
 
     def save(self) -> None:
         """The checkpoint of this step (rank 0); the state keeps the names of the last `keep` ones."""
@@ -368,7 +395,10 @@ class Trainer:
         names = self.state.get("checkpoints", [])[-self.settings.average:]
         if not names:
             return
-        paths = [self.out / "checkpoints" / n / "model.safetensors" for n in names]
+        paths = [step_folder(self.out, n) / MODEL for n in names]
+        missing = [str(p) for p in paths if not p.is_file()]
+        if missing:
+            raise UsageError(f"{missing[0]}: a checkpoint state.json lists is not there; nothing averaged")
         latest = {k: v.clone() for k, v in self.model.state_dict().items()}
         average_into(self.model, paths)
         scores = self.evaluate()
@@ -397,3 +427,19 @@ def train(args) -> int:
 
 
 __all__ = ["Data", "Recipe", "Trainer", "build_source_tokenizer", "estimate_line", "prepare_data", "train"]
+
+
+def _checked_state(raw: Any, path) -> dict[str, Any]:
+    """state.json as a resumed run reads it: a JSON object whose counters are integers >= 0 and whose checkpoint
+    names are step folders (checkpoint.step_folder); one line naming the field otherwise."""
+    if not isinstance(raw, dict):
+        raise UsageError(f"{path}: expected a JSON object (a run's state), got {type(raw).__name__}")
+    for field in ("step", "epoch", "position"):
+        value = raw.get(field)
+        if type(value) is not int or value < 0:
+            raise UsageError(f"{path}: {field}: expected an integer >= 0, got {str(value)[:40]!r}", field)
+    if not isinstance(raw.get("checkpoints"), list) or not isinstance(raw.get("rng"), dict):
+        raise UsageError(f"{path}: checkpoints and rng: a list and an object are expected", "checkpoints")
+    for name in raw["checkpoints"]:
+        step_folder(path.parent, name)
+    return raw
