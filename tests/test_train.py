@@ -156,6 +156,25 @@ def test_a_resumed_runs_files_are_checked_and_nothing_outside_it_is_touched(tmp_
             train(_args(inside))
 
 
+def test_the_torchrun_entry_point_answers_errors_in_one_line_as_the_command_does(tmp_path, monkeypatch, capsys):
+    """python -m glassformer.train (what torchrun launches) runs through the command's error handling: anything but
+    a UsageError (safetensors' FileNotFoundError without a file name, a JSONDecodeError) was a traceback from every
+    rank, and the command printed "None: None" for the first."""
+    from glassformer.training import commands, loop
+
+    for error, code, words in ((FileNotFoundError(2, "No such file or directory"), 2, "No such file or directory"),
+                               (json.JSONDecodeError("Expecting value", "{", 1), 2, "invalid JSON"),
+                               (OSError(28, "No space left on device", "x/model.safetensors"), 1, "No space left")):
+        def fails(args, error=error):
+            raise error
+
+        monkeypatch.setattr(loop, "train", fails)
+        with pytest.raises(SystemExit) as stop:
+            commands.main([*TINY, "--out", str(tmp_path / "run")])
+        err = capsys.readouterr().err
+        assert stop.value.code == code and err.count("\n") == 1 and words in err and "None" not in err, err
+
+
 @pytest.mark.slow
 def test_resume_keeps_the_cooldown_and_the_dropout_draws(tmp_path):
     """With a cool-down, word dropout and BPE-dropout, a run stopped at step 7 and resumed ends where the

@@ -12,7 +12,6 @@ from typing import Any, Literal
 
 from pydantic.fields import FieldInfo
 
-from ..errors import UsageError
 from ..options import at_least  # noqa: F401  (the integer flags' type)
 from ..threads import usable_cores
 from .presets import PRESETS
@@ -94,12 +93,5 @@ def main(argv: list[str] | None = None) -> None:
                                      description="train the Chinese->English translator")
     add_train_arguments(parser)
     args = parser.parse_args(argv)
-    try:
-        code = train(args)
-    except UsageError as error:
-        print(f"glassformer train: error: {error}", file=sys.stderr)
-        code = 2
-    except KeyboardInterrupt:
-        print("glassformer train: interrupted", file=sys.stderr)
-        code = 130
-    sys.exit(code)
+    from ..cli import run_command
+    sys.exit(run_command("train", lambda: train(args)))
