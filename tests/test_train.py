@@ -337,6 +337,28 @@ def test_ddp_two_processes_match_one_process_with_the_same_global_batch(tmp_path
 
 
 @pytest.mark.slow
+def test_a_resumed_ddp_run_with_dropout_follows_the_uninterrupted_one(tmp_path):
+    """Each rank draws its own dropout masks: every rank's random state is saved and restored (before, rank 0's
+    was given to both, and the resumed losses went another way)."""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    common = ["--epochs", "3", "--seed", "5", "--dropout", "0.3", "--word-dropout", "0.2", "--device", "cpu"]
+
+    def ddp(out, *extra):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               "-m", "glassformer.train", *TINY, "--out", str(out), *extra]
+        run = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=180)
+        assert run.returncode == 0, run.stderr[-2000:]
+
+    ddp(straight, *common, "--max-steps", "8")
+    ddp(split, *common, "--max-steps", "4")
+    ddp(split, "--resume", "--max-steps", "8", "--device", "cpu")
+    a, b = _losses(straight), _losses(split)
+    assert sorted(a) == sorted(b) == list(range(1, 9))
+    for step in range(5, 9):
+        assert b[step] == pytest.approx(a[step], abs=1e-6), step
+
+
+@pytest.mark.slow
 def test_ctrl_c_saves_a_loadable_checkpoint_and_exits_cleanly(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "glassformer.train", *TINY, "--out", str(out), "--epochs", "1000"]

@@ -77,6 +77,7 @@ MAX_LEN = 8192                       # max_len: positions a model handles
 MAX_VOCAB = 262_144                  # src_vocab, tgt_vocab, and the entries of vocab.json
 MAX_PARAMETERS = 400_000_000         # parameters of a whole translator (1.6 GB in float32)
 MAX_CONFIG_BYTES = 64 << 10          # config.json
+MAX_STATE_BYTES = 8 << 20            # a run's state.json (a random state of ~40 KB for each training process)
 MAX_VOCAB_BYTES = 32 << 20           # vocab.json / target tokenizer file / a SentencePiece model
 MAX_WEIGHTS_BYTES = 2 << 30          # a weights file read by `glassformer import` (2 GiB)
 

@@ -125,6 +125,7 @@ class Trainer:
                 self.loss_module, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         self.loss_module = compiled_step(self.loss_module, self.options.compile)
         self.interrupted, self._stop = False, StopFlag()          # Ctrl-C / SIGTERM: stop at a clean step
+        self._rng_ranks: list | None = None                        # every rank's random state (DDP), for `save`
 
     def _open_run(self, args) -> tuple[TrainSettings, dict | None]:
         """The settings (saved ones on --resume) and the saved vocabularies (None for a new run)."""
@@ -158,7 +159,7 @@ class Trainer:
                 print(f"--resume: {self.out} has no checkpoint yet (stopped before its first); starting at step 0 "
                       "with its saved settings", file=sys.stderr)
             return
-        self.state = _checked_state(read_run_json(path, "MAX_CONFIG_BYTES"), path)
+        self.state = _checked_state(read_run_json(path, "MAX_STATE_BYTES"), path)
         folder = resume_folder(self.out, self.state)
         for name, load, into in ((MODEL, load_weights, self.model), (OPTIMIZER, load_optimizer, self.optimizer)):
             try:
@@ -171,15 +172,31 @@ class Trainer:
                 for k, v in self.optimizer.state.get(p, {}).items():
                     if torch.is_tensor(v) and k != "step":
                         self.optimizer.state[p][k] = v.to(self.device)
-        try:
-            set_rng_state(self.state["rng"])
+        ranks = self.state.get("rng_ranks")                # DDP: each rank's own draws (dropout), where the
+        rng = ranks[self.dist.rank] if isinstance(ranks, list) and len(ranks) == self.dist.world else self.state["rng"]
+        try:                                               # world is the saved one; else rank 0's for all
+            set_rng_state(rng)
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as error:
             raise UsageError(f"{path}: rng: not a saved random state ({type(error).__name__})", "rng") from None
 
+    def gather_rng(self) -> None:
+        """Every rank's random state, for rank 0's next `save` (under DDP each rank draws its own dropout masks:
+        a resumed run restores each; every rank calls this)."""
+        if not self.dist.active:
+            self._rng_ranks = None
+            return
+        import torch.distributed as dist
+
+        self._rng_ranks = [None] * self.dist.world
+        dist.all_gather_object(self._rng_ranks, rng_state())
+
     def save(self) -> None:
-        """The checkpoint of this step (rank 0); the state keeps the names of the last `keep` ones."""
+        """The checkpoint of this step (rank 0, after every rank's `gather_rng`); the state keeps the names of
+        the last `keep` ones."""
         if self.dist.main:
             self.state["rng"] = rng_state()
+            if self._rng_ranks is not None:
+                self.state["rng_ranks"] = self._rng_ranks
             name = save_checkpoint(self.out, self.model, self.optimizer, self.state, keep=self.keep).name
             recent = [c for c in self.state["checkpoints"] if c != name] + [name]
             self.state["checkpoints"] = recent[-self.keep:] if self.keep > 0 else []
@@ -352,6 +369,7 @@ class Trainer:
                 self.end_epoch()
             self.account_time()
             self.bar.close()
+            self.gather_rng()
             self.save()
             if self.interrupted:
                 if self.dist.main:
@@ -371,8 +389,9 @@ class Trainer:
         epoch, self.state["epoch"], self.state["position"] = self.state["epoch"], self.state["epoch"] + 1, 0
         record: dict[str, Any] = {"kind": "epoch", "epoch": epoch + 1, "step": self.state["step"],
                                   "train_loss": round(self._epoch["loss"] / max(self._epoch["tokens"], 1), 4)}
+        scores = self.evaluate() if self.dist.main else None
+        self.gather_rng()                                  # every rank, after rank 0's evaluation
         if self.dist.main:
-            scores = self.evaluate()
             self.account_time()
             self.log({**record, **(scores or {}), "seconds": round(self.state["seconds"], 1),
                       "cpu_seconds": round(self.state["cpu_seconds"], 1)})
