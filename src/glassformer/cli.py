@@ -11,12 +11,11 @@ import argparse
 import atexit
 import contextlib
 import importlib
-import json
 import os
 import sys
 
 from . import limits
-from .errors import UsageError
+from .errors import run_command
 
 # name -> (module, help). The module defines add_<name>_arguments(parser) and <name>_command(args).
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -79,45 +78,6 @@ def main(argv: list[str] | None = None) -> int:
     command = getattr(importlib.import_module(module), f"{args.command}_command")
     with contextlib.nullcontext() if not args.no_limits else limits.lifted():
         return run_command(args.command, lambda: int(command(args) or 0))
-
-
-def run_command(name: str, work) -> int:
-    """Run a command's `work()` and return its exit status; whatever goes wrong is one line on stderr naming
-    `glassformer NAME` (bad input 2, Ctrl-C 130, a system that refuses to write 1), never a traceback. Also the
-    torchrun entry point's (glassformer.train)."""
-    try:
-        return work()
-    except UsageError as error:
-        print(f"glassformer {name}: error: {error}", file=sys.stderr)
-        return 2
-    except (FileNotFoundError, IsADirectoryError, PermissionError, NotADirectoryError, FileExistsError) as error:
-        print(f"glassformer {name}: error: {_os_error(error)}", file=sys.stderr)
-        return 2
-    except json.JSONDecodeError as error:
-        print(f"glassformer {name}: error: invalid JSON: {error}", file=sys.stderr)
-        return 2
-    except UnicodeDecodeError as error:
-        print(f"glassformer {name}: error: input is not UTF-8 text (byte 0x{error.object[error.start]:02x} "
-              f"at offset {error.start})", file=sys.stderr)
-        return 2
-    except MemoryError:
-        print(f"glassformer {name}: error: out of memory (the input is too large for this machine)",
-              file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"glassformer {name}: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        return 0
-    except OSError as error:                         # the system refused: the output cannot be written (a full disk)
-        print(f"glassformer {name}: error: {_os_error(error)}", file=sys.stderr)
-        return 1
-
-
-def _os_error(error: OSError) -> str:
-    """What the system said, and the file where it names one (an error raised without either: its text)."""
-    what = error.strerror or str(error) or type(error).__name__
-    return f"{what}: {error.filename}" if error.filename else what
 
 
 def _flushed(code: int) -> int:

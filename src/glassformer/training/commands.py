@@ -93,5 +93,5 @@ def main(argv: list[str] | None = None) -> None:
                                      description="train the Chinese->English translator")
     add_train_arguments(parser)
     args = parser.parse_args(argv)
-    from ..cli import run_command
+    from ..errors import run_command
     sys.exit(run_command("train", lambda: train(args)))

@@ -22,28 +22,19 @@ import time
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
 from torch import nn
 
 from ..data.batching import Example, collate, drop_words, make_batches, rank_share, step_groups
 from ..data.checkpoint import (
     CONFIG,
     MODEL,
-    OPTIMIZER,
     STATE,
-    VOCAB,
-    ConfigFile,
     average_into,
-    load_optimizer,
-    load_weights,
     read_json,
-    read_run_json,
-    resume_folder,
     rng_state,
     save_best,
     save_checkpoint,
     save_run_files,
-    set_rng_state,
     step_folder,
     write_json,
 )
@@ -53,12 +44,12 @@ from ..inference.precision import precision_note
 from ..model import ModelConfig, Transformer
 from ..options import pick_device
 from ..threads import training_threads
-from ..validation import validate
 from .prepare_data import Data, build_source_tokenizer, prepare_data
 from .presets import PRESETS
+from .resume import gathered_rng, load_checkpoint, open_run
 from .runtime import StopFlag, compiled_step, init_distributed
 from .schedule import noam_schedule
-from .settings import TrainSettings, resolve_settings, resumed_settings, run_options
+from .settings import TrainSettings, run_options
 
 Recipe = TrainSettings      # what prepare_data reads: the settings of a run
 
@@ -129,66 +120,15 @@ class Trainer:
 
     def _open_run(self, args) -> tuple[TrainSettings, dict | None]:
         """The settings (saved ones on --resume) and the saved vocabularies (None for a new run)."""
-        config = self.out / CONFIG
-        if not self.resume:
-            if config.exists():
-                raise UsageError(f"{self.out} already holds a run: pass --resume to continue it, "
-                                 "or choose another --out")
-            inside = next((p for p in self.out.resolve().parents if (p / CONFIG).is_file() and (p / VOCAB).is_file()),
-                          None)
-            if inside is not None:                       # its best/ or checkpoints/step-N: they would be overwritten
-                raise UsageError(f"--out {self.out}: inside the run {inside}; choose a folder outside it")
-            if any((self.out / name).exists() for name in (MODEL, OPTIMIZER, STATE)):
-                raise UsageError(f"--out {self.out}: holds weights or a training state; choose another --out")
-            return resolve_settings(args), None
-        if not config.is_file():
-            raise UsageError(f"--resume: {self.out} holds no run (no {CONFIG}); nothing to resume — "
-                             "leave out --resume to start one")
-        saved = validate(ConfigFile, read_run_json(config, "MAX_CONFIG_BYTES"), str(config))
-        return resumed_settings(saved.train, args, f"{config}: train"), read_run_json(self.out / VOCAB,
-                                                                                      "MAX_VOCAB_BYTES")
+        return open_run(self.out, self.resume, args)
 
     # ---- state ----------------------------------------------------------------------------
     def _load(self) -> None:
-        """The last checkpoint: state.json, then the weights and the optimizer of the step it names (their own
-        folder, complete even where a cut save left the top half new). A run cut before its first checkpoint
-        starts at step 0 with its saved settings; a file that cannot be read is one line naming it."""
-        path = self.out / STATE
-        if not path.is_file():
-            if self.dist.main:
-                print(f"--resume: {self.out} has no checkpoint yet (stopped before its first); starting at step 0 "
-                      "with its saved settings", file=sys.stderr)
-            return
-        self.state = _checked_state(read_run_json(path, "MAX_STATE_BYTES"), path)
-        folder = resume_folder(self.out, self.state)
-        for name, load, into in ((MODEL, load_weights, self.model), (OPTIMIZER, load_optimizer, self.optimizer)):
-            try:
-                load(into, folder / name)
-            except (SafetensorError, ValueError, RuntimeError, KeyError, OSError) as error:
-                detail = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
-                raise UsageError(f"{folder / name}: cannot resume from it ({detail})") from None
-        for group in self.optimizer.param_groups:
-            for p in group["params"]:
-                for k, v in self.optimizer.state.get(p, {}).items():
-                    if torch.is_tensor(v) and k != "step":
-                        self.optimizer.state[p][k] = v.to(self.device)
-        ranks = self.state.get("rng_ranks")                # DDP: each rank's own draws (dropout), where the
-        rng = ranks[self.dist.rank] if isinstance(ranks, list) and len(ranks) == self.dist.world else self.state["rng"]
-        try:                                               # world is the saved one; else rank 0's for all
-            set_rng_state(rng)
-        except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as error:
-            raise UsageError(f"{path}: rng: not a saved random state ({type(error).__name__})", "rng") from None
+        self.state = load_checkpoint(self.out, self.model, self.optimizer, self.device, self.dist) or self.state
 
     def gather_rng(self) -> None:
-        """Every rank's random state, for rank 0's next `save` (under DDP each rank draws its own dropout masks:
-        a resumed run restores each; every rank calls this)."""
-        if not self.dist.active:
-            self._rng_ranks = None
-            return
-        import torch.distributed as dist
-
-        self._rng_ranks = [None] * self.dist.world
-        dist.all_gather_object(self._rng_ranks, rng_state())
+        """Every rank's random state for rank 0's next `save` (every rank calls this)."""
+        self._rng_ranks = gathered_rng(self.dist)
 
     def save(self) -> None:
         """The checkpoint of this step (rank 0, after every rank's `gather_rng`); the state keeps the names of
@@ -447,18 +387,3 @@ def train(args) -> int:
 
 __all__ = ["Data", "Recipe", "Trainer", "build_source_tokenizer", "estimate_line", "prepare_data", "train"]
 
-
-def _checked_state(raw: Any, path) -> dict[str, Any]:
-    """state.json as a resumed run reads it: a JSON object whose counters are integers >= 0 and whose checkpoint
-    names are step folders (checkpoint.step_folder); one line naming the field otherwise."""
-    if not isinstance(raw, dict):
-        raise UsageError(f"{path}: expected a JSON object (a run's state), got {type(raw).__name__}")
-    for field in ("step", "epoch", "position"):
-        value = raw.get(field)
-        if type(value) is not int or value < 0:
-            raise UsageError(f"{path}: {field}: expected an integer >= 0, got {str(value)[:40]!r}", field)
-    if not isinstance(raw.get("checkpoints"), list) or not isinstance(raw.get("rng"), dict):
-        raise UsageError(f"{path}: checkpoints and rng: a list and an object are expected", "checkpoints")
-    for name in raw["checkpoints"]:
-        step_folder(path.parent, name)
-    return raw
