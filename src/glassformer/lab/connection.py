@@ -44,9 +44,7 @@ class LabProtocol(H11Protocol):
         self._head_timer = self.loop.call_later(_head_timeout_s(), self._head_timeout)
 
     def _cancel_head_timer(self) -> None:
-        if getattr(self, "_head_timer", None) is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        self._head_timer = _cancelled(getattr(self, "_head_timer", None))
 
     def _head_timeout(self) -> None:
         self._head_timer = None
@@ -69,9 +67,7 @@ class LabProtocol(H11Protocol):
         super().resume_writing()
 
     def _cancel_write_timer(self) -> None:
-        if getattr(self, "_write_timer", None) is not None:
-            self._write_timer.cancel()
-            self._write_timer = None
+        self._write_timer = _cancelled(getattr(self, "_write_timer", None))
 
     def _write_timeout(self) -> None:
         self._write_timer = None
@@ -112,3 +108,9 @@ def _head_timeout_s() -> float:
 
 def _write_timeout_s() -> float:
     return WRITE_TIMEOUT
+
+
+def _cancelled(timer) -> None:
+    """Cancel a pending timer (None: nothing pending); None, for the attribute that held it."""
+    if timer is not None:
+        timer.cancel()

@@ -61,6 +61,7 @@ MAX_BODY = 1 << 20                   # bytes of one request body (1 MiB)
 WORKERS = 8                          # threads that run API work (the model itself runs one at a time)
 QUICK_WORKERS = 2                    # threads that read the page's files and answer QUICK_ROUTES
 QUICK_ROUTES = frozenset({"info", "block", "masks"})   # GETs that never wait for the model's lock
+KEPT_ROUTES = frozenset({"bundle"})                   # answers the API makes once and hands out again
 STREAM_CHUNK = 1 << 20               # bytes of a large answer written at a time (the 31 MB bundle)
 DISCONNECT_POLL = 0.25               # seconds between two looks at whether a waiting request's client left
 BODY_TIMEOUT = 10.0                  # seconds for a whole request body to arrive
@@ -158,8 +159,8 @@ def _settle(future: asyncio.Future, result, error) -> None:
 # ---- the endpoints ---------------------------------------------------------------------------------
 def api_route(api: LabAPI, pool: WorkerPool, method: str, path: str, name: str) -> Route:
     """A row of LabAPI.ROUTES as a Starlette route: the body (POST) checked and read, the work in a worker.
-    An answer the API keeps and hands out again (the bundle, the claims) is encoded once (`kept`)."""
-    work, kept = getattr(api, name), Kept()
+    An answer the API keeps and hands out again (the bundle: KEPT_ROUTES) is encoded once (`kept`)."""
+    work, kept = getattr(api, name), Kept() if name in KEPT_ROUTES else None
 
     async def endpoint(request: Request) -> Response:
         args = (await read_json_body(request),) if method == "POST" else ()
@@ -186,10 +187,11 @@ class Kept:
             return self.body
 
 
-def _answer(work, args: tuple, kept: Kept) -> Response:
+def _answer(work, args: tuple, kept: Kept | None) -> Response:
     """200 and the JSON of `work(*args)`; an answer over STREAM_CHUNK bytes is sent a chunk at a time, each after
     the client has taken the one before (uvicorn's flow control), so a client that does not read holds one chunk."""
-    body = kept.encode(work(*args))
+    payload = work(*args)
+    body = json_bytes(payload) if kept is None else kept.encode(payload)
     headers = {**SECURITY_HEADERS, "Content-Length": str(len(body))}
     if len(body) <= STREAM_CHUNK:
         return Response(body, 200, headers=SECURITY_HEADERS, media_type=JSON_TYPE)
