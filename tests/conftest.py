@@ -5,7 +5,11 @@ import os
 # Idle OpenMP threads sleep instead of spinning: on a busy 2-core machine spinning threads stall each other.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import importlib.abc  # noqa: E402
+import importlib.util  # noqa: E402
 import random  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -16,14 +20,8 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
-def _packages_built_for_checking() -> None:
-    """The packages the tests build are run for a few steps of tiny models, to check what they compute: their C++
-    is compiled at -O1 (kernels; inductor's -O3) and -O0 (the wrapper; its -O1), which takes ~15 % less of a build.
-    Only this test session: users' builds keep inductor's levels. (Subprocesses get the wrapper's level only.)"""
-    os.environ.setdefault("AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL", "O0")
-    from torch._inductor import config, cpp_builder
-
-    config.aot_inductor.compile_wrapper_opt_level = os.environ["AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL"]
+def _lower_levels(cpp_builder) -> None:
+    """cpp_builder's optimisation flags with O3 lowered to O1 (the kernels' level in this session's builds)."""
     levels = getattr(cpp_builder, "_get_optimization_cflags", None)
     if levels is None:                                                       # another torch: its own levels
         return
@@ -32,6 +30,41 @@ def _packages_built_for_checking() -> None:
         cflags, ldflags = levels(cpp_compiler, min_optimize)
         return ["O1" if flag == "O3" else flag for flag in cflags], ldflags
     cpp_builder._get_optimization_cflags = lower
+
+
+class _LowerWhenImported(importlib.abc.MetaPathFinder):
+    """Lowers cpp_builder's levels the moment it is imported: importing inductor costs ~1.8 s, which a test
+    process (or the session's controller) that builds nothing need not pay."""
+
+    NAME = "torch._inductor.cpp_builder"
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.NAME:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _lower_levels(module)
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _packages_built_for_checking() -> None:
+    """The packages the tests build are run for a few steps of tiny models, to check what they compute: their C++
+    is compiled at -O1 (kernels; inductor's -O3) and -O0 (the wrapper; its -O1), which takes ~15 % less of a build.
+    Only this test session: users' builds keep inductor's levels. (Subprocesses get the wrapper's level only.)"""
+    os.environ.setdefault("AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL", "O0")   # read by inductor's config at import
+    if "torch._inductor.config" in sys.modules:
+        from torch._inductor import config
+
+        config.aot_inductor.compile_wrapper_opt_level = os.environ["AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL"]
+    if _LowerWhenImported.NAME in sys.modules:
+        _lower_levels(sys.modules[_LowerWhenImported.NAME])
+    else:
+        sys.meta_path.insert(0, _LowerWhenImported())
 
 
 def _few_rows_gemms_untimed() -> str:
@@ -131,3 +164,21 @@ def tiny_run(tmp_path_factory):
 def short_tiny_run(tmp_path_factory):
     """The tiny preset on 120 pairs for 2 epochs (a few seconds)."""
     return _train_tiny(tmp_path_factory, "--limit", "120", "--epochs", "2")
+
+
+def _slow_as_a_whole(path: Path) -> bool:
+    """A test file whose module mark is `slow` (`pytestmark = ... slow`), read from its text, not imported."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return False
+    return re.search(r"^pytestmark\s*=[^\n]*\bmark\.slow\b", text, re.MULTILINE) is not None
+
+
+def pytest_ignore_collect(collection_path, config):
+    """The fast tier (`-m "not slow"`) does not import the files it would deselect whole: some import transformers,
+    inseq or Playwright (~4 s in every test process)."""
+    if config.option.markexpr.strip() == "not slow" and collection_path.suffix == ".py" \
+            and collection_path.name.startswith("test_") and _slow_as_a_whole(collection_path):
+        return True
+    return None
