@@ -114,10 +114,14 @@ def test_a_save_cut_after_its_weights_leaves_the_checkpoint_before_whole(tmp_pat
         train(_args(split, "--resume", "--max-steps", "12"))
     monkeypatch.undo()
     assert read_json(split / "state.json")["step"] == 7
+    with open(split / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"kind": "step", "step": 13, "lo')                 # a line a hard stop cut short
     assert train(_args(split, "--resume", "--max-steps", "12")) == 0
     a, b = _losses(straight), _losses(split)
     for step in range(8, 13):
         assert b[step] == pytest.approx(a[step], abs=1e-6), step
+    lines = [json.loads(x) for x in (split / "metrics.jsonl").read_text().splitlines()]   # every line whole
+    assert [r["step"] for r in lines if r["kind"] == "step"] == list(range(1, 13))   # steps 8-12 logged once
 
 
 def test_a_run_cut_before_its_first_checkpoint_resumes_from_step_0(tmp_path):

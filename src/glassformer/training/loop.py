@@ -46,7 +46,7 @@ from ..options import pick_device
 from ..threads import training_threads
 from .prepare_data import Data, build_source_tokenizer, prepare_data
 from .presets import PRESETS
-from .resume import gathered_rng, load_checkpoint, open_run
+from .resume import gathered_rng, load_checkpoint, open_run, trim_metrics
 from .runtime import StopFlag, compiled_step, init_distributed
 from .schedule import noam_schedule
 from .settings import TrainSettings, run_options
@@ -125,6 +125,8 @@ class Trainer:
     # ---- state ----------------------------------------------------------------------------
     def _load(self) -> None:
         self.state = load_checkpoint(self.out, self.model, self.optimizer, self.device, self.dist) or self.state
+        if self.dist.main:                                 # the lines of steps it redoes, logged again
+            trim_metrics(self.out, self.state["step"])
 
     def gather_rng(self) -> None:
         """Every rank's random state for rank 0's next `save` (every rank calls this)."""

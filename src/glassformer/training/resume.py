@@ -4,6 +4,7 @@ masks) gathered for the next checkpoint."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from ..data.checkpoint import (
     STATE,
     VOCAB,
     ConfigFile,
+    atomic_path,
     load_optimizer,
     load_weights,
     read_run_json,
@@ -82,6 +84,34 @@ def load_checkpoint(out: Path, model, optimizer: torch.optim.Optimizer, device: 
     except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as error:
         raise UsageError(f"{path}: rng: not a saved random state ({type(error).__name__})", "rng") from None
     return state
+
+
+METRICS = "metrics.jsonl"
+
+
+def trim_metrics(out: Path, step: int) -> int:
+    """metrics.jsonl as it stood at the checkpoint a run resumes from (step `step`; 0 for a run stopped before its
+    first): the lines of steps after it, which the resumed run logs again, and a line a hard stop cut short are
+    dropped. Returns how many lines were dropped (the file is replaced whole, only when there are any)."""
+    path = out / METRICS
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            later = isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] > step
+            if record is None or not isinstance(record, dict) or later:
+                dropped += bool(line.strip())
+                continue
+            kept.append(line if line.endswith("\n") else line + "\n")
+    if dropped:
+        with atomic_path(path) as tmp:
+            tmp.write_text("".join(kept), encoding="utf-8")
+    return dropped
 
 
 def gathered_rng(dist) -> list | None:
