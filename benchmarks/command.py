@@ -166,6 +166,7 @@ def split(args) -> dict:
     steps', and the host's loop around them), detokenising. Best of `--rounds` jobs; seconds."""
     import collections
     import functools
+    import gc
 
     began = time.perf_counter()
     import torch
@@ -177,6 +178,7 @@ def split(args) -> dict:
     torch.set_num_threads(1)
     compiler.use_compile_cache()
     translator = Translator.load(args.run)
+    gc.freeze()                          # as the command does once its model is loaded (decoding/commands.py)
     translator.compile, translator.threads = "on", 1
     translator.precision = args.dtypes.split(",")[0]
     loaded = time.perf_counter()
