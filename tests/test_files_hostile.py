@@ -201,6 +201,103 @@ def test_import_when_a_copy_is_cut_names_the_output_not_the_source(marian_dir, t
     _gone(out)
 
 
+def test_a_folder_beside_out_named_like_a_staging_folder_is_left_alone(run_dir, marian_dir, tmp_path):
+    """import and export stage in a folder of their own making: a user's `.NAME.partial` beside --out (or another
+    run's) was removed before."""
+    for command in (["import", str(marian_dir)], ["export", "--model", str(run_dir), "--to", "transformers"]):
+        out = tmp_path / command[0]
+        keep = tmp_path / f".{out.name}.partial"
+        keep.mkdir()
+        (keep / "precious.txt").write_text("mine")
+        assert main([*command, "--out", str(out)]) == 0
+        assert (keep / "precious.txt").read_text() == "mine"
+        assert (out / "config.json").is_file() and oct(out.stat().st_mode & 0o777) != oct(0o700)
+        assert sorted(p.name for p in tmp_path.glob(f".{out.name}*")) == [keep.name]      # nothing else left
+
+
+def _edited_weights(marian_dir: Path, tmp_path: Path, edit) -> Path:
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "hostile"
+    shutil.copytree(marian_dir, folder)
+    tensors = load_file(folder / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, folder / "model.safetensors")
+    return folder
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda t: t.update({"model.encoder.layers.7.fc1.weight": torch.zeros(2, 2)}),
+     "model.encoder.layers.7.fc1.weight is not part of the Marian model"),
+    (lambda t: t.update({"junk.weight": torch.zeros(3)}), "junk.weight is not part of"),
+    (lambda t: t.update({"final_logits_bias": t["final_logits_bias"].to(torch.int64)}),
+     "final_logits_bias is int64"),
+])
+def test_weights_config_json_does_not_describe_are_refused_not_dropped(marian_dir, tmp_path, capsys, edit, expected):
+    folder = _edited_weights(marian_dir, tmp_path, edit)
+    out = tmp_path / "run"
+    assert main(["import", str(folder), "--out", str(out)]) == 2
+    err = _one_line(capsys)
+    assert expected in err, err
+    _gone(out)
+
+
+def test_fewer_layers_in_config_json_than_in_the_weights_is_refused(marian_dir, tmp_path, capsys):
+    import shutil
+
+    folder = tmp_path / "hostile"
+    shutil.copytree(marian_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["encoder_layers"] >= 2
+    config["encoder_layers"] = 1
+    (folder / "config.json").write_text(json.dumps(config))
+    assert main(["import", str(folder), "--out", str(tmp_path / "run")]) == 2
+    assert "model.encoder.layers.1." in _one_line(capsys)
+
+
+def test_a_pickle_asking_for_a_global_is_refused_naming_it(marian_dir, tmp_path, capsys):
+    import os
+    import pickle
+    import shutil
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("true",))
+
+    folder = tmp_path / "hostile"
+    shutil.copytree(marian_dir, folder)
+    (folder / "model.safetensors").unlink()
+    (folder / "pytorch_model.bin").write_bytes(pickle.dumps({"a": Evil()}, protocol=2))   # torch.save's
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert main(["import", str(folder), "--out", str(tmp_path / "run")]) == 2
+    err = _one_line(capsys)
+    assert "refused: not a weights-only PyTorch file (" in err and "GLOBAL posix.system" in err, err
+    assert "Weights only load failed" not in err and not seen, (err, [str(w.message) for w in seen])
+
+
+def test_an_import_with_two_vocabularies_exports_both(marian_dir, tmp_path):
+    """Marian's separate_vocabs: the export writes the target's vocabulary apart (only the source's before, so
+    MarianTokenizer read target ids as source pieces)."""
+    settings = json.loads((marian_dir / "tokenizer_config.json").read_text())
+    theirs = json.loads((marian_dir / "target_vocab.json").read_text())
+    assert settings.get("separate_vocabs") is True and theirs != json.loads((marian_dir / "vocab.json").read_text())
+    assert main(["import", str(marian_dir), "--out", str(tmp_path / "run")]) == 0
+    assert main(["export", "--model", str(tmp_path / "run"), "--to", "transformers", "--out",
+                 str(tmp_path / "hf")]) == 0
+    assert json.loads((tmp_path / "hf" / "target_vocab.json").read_text()) == theirs
+    assert json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())["separate_vocabs"] is True
+    transformers = pytest.importorskip("transformers")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        before = transformers.MarianTokenizer.from_pretrained(marian_dir)
+        after = transformers.MarianTokenizer.from_pretrained(tmp_path / "hf")
+    ids = list(range(3, min(len(theirs), 20)))
+    assert after.decode(ids) == before.decode(ids)
+
+
 # ---- exercise check --------------------------------------------------------------------------------
 @pytest.fixture
 def sheet_dir(tmp_path, capsys) -> Path:

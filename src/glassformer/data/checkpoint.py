@@ -42,6 +42,7 @@ CONFIG, VOCAB, STATE = "config.json", "vocab.json", "state.json"
 MODEL, OPTIMIZER = "model.safetensors", "optimizer.safetensors"
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
+FOLDER_MODE = 0o777 & ~_UMASK        # what mkdir gives a folder here (mkdtemp's own are 0o700)
 
 
 # ---- atomic writes -------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from ..data.checkpoint import find_run_root, load_translator_parts, write_json
+from ..data.checkpoint import FOLDER_MODE, find_run_root, load_translator_parts, write_json
 from ..data.sentencepiece import SentencePieceSource
 from ..errors import UsageError
 from ..model import ModelConfig
@@ -126,8 +127,14 @@ def write_tokenizers(root: Path, source, target, out: Path) -> list[str]:
         names = [source.model_file, target.model_file]
         for name in names:
             shutil.copyfile(root / name, out / name)
-        (out / "vocab.json").write_text(json.dumps(source.vocab.to_dict(), ensure_ascii=False), encoding="utf-8")
-        return [*names, "vocab.json"]
+        vocabs = {"vocab.json": source.vocab.to_dict(), "target_vocab.json": target.vocab.to_dict()}
+        if vocabs["vocab.json"] == vocabs["target_vocab.json"]:               # one vocabulary, as Marian's default
+            del vocabs["target_vocab.json"]
+        else:                                                    # MarianTokenizer reads the target's apart
+            vocabs["tokenizer_config.json"] = {"separate_vocabs": True}
+        for name, data in vocabs.items():
+            (out / name).write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+        return [*names, *vocabs]
     segmenter.source_tokenizer(source).save(str(out / "source_tokenizer.json"))
     segmenter.target_tokenizer(target).save(str(out / "target_tokenizer.json"))
     return ["source_tokenizer.json", "target_tokenizer.json"]
@@ -135,18 +142,19 @@ def write_tokenizers(root: Path, source, target, out: Path) -> list[str]:
 
 @contextlib.contextmanager
 def staged_folder(out: Path, what: str) -> Iterator[Path]:
-    """Yield an empty staging folder beside `out` (`.NAME.partial`) to write `what` into; when the block ends
-    without an error, put it in place of `out` (new, or an empty folder). On any failure the staging folder
-    is removed and `out` is left as it was ("never lost work"): a half-written folder is never left behind.
+    """Yield an empty staging folder beside `out` (`.NAME.XXXX.partial`, a name of this run's own: a folder already
+    there, a user's or another run's, is never touched) to write `what` into; when the block ends without an
+    error, put it in place of `out` (new, or an empty folder). On any failure the staging folder is removed and
+    `out` is left as it was ("never lost work"): a half-written folder is never left behind.
     An OSError while writing (a full disk, a file-size limit, a folder that cannot be made) and a
     SafetensorError (safetensors' own I/O errors are not OSErrors) are one UsageError naming `--out`; an
     OSError that names a file outside the output alone (a source file that cannot be read) goes on as it is."""
     out = Path(out)
     whole = Path(os.path.abspath(out))                  # "." and "a/.." have a name once made absolute
-    staging = whole.with_name(f".{whole.name}.partial")
     try:
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
+        whole.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{whole.name}.", suffix=".partial", dir=whole.parent))
+        os.chmod(staging, FOLDER_MODE)
     except OSError as error:
         raise UsageError(f"--out {out}: cannot create the folder ({error.strerror or error})") from None
     try:

@@ -11,6 +11,7 @@ SentencePiece models, source.spm, target.spm, model.safetensors) that every comm
 from __future__ import annotations
 
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -49,28 +50,59 @@ def read_tensors(folder: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
         shapes = weight_shapes(path)
         _check_shapes(path, shapes, expected)
         with safe_open(str(path), framework="pt") as f:
-            return {name: f.get_tensor(name) for name in shapes if name in expected}
+            return _floats(path, {name: f.get_tensor(name) for name in shapes})
     try:
-        try:
-            loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as error:                  # a file of the legacy (non-zip) format cannot be mapped
-            if "mmap" not in str(error):
-                raise
-            loaded = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():                # torch's own notes on the file (its pickle protocol)
+            warnings.simplefilter("ignore")
+            try:
+                loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as error:              # a file of the legacy (non-zip) format cannot be mapped
+                if "mmap" not in str(error):
+                    raise
+                loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # UnpicklingError for a pickle that asks for more than tensors, RuntimeError, EOFError
-        detail = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
-        raise UsageError(f"{path}: refused: not a weights-only PyTorch file ({detail})") from None
+        raise UsageError(f"{path}: refused: not a weights-only PyTorch file ({_load_error(error)})") from None
     if not isinstance(loaded, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in loaded.items()):
         raise UsageError(f"{path}: refused: expected a dict of named tensors, got {type(loaded).__name__}")
     _check_shapes(path, {k: tuple(v.shape) for k, v in loaded.items()}, expected)
-    return {k: v for k, v in loaded.items() if k in expected}
+    return _floats(path, loaded)
+
+
+def _load_error(error: Exception) -> str:
+    """The reason in torch.load's message: the weights-only unpickler's own line (which global the file asks
+    for), else the first line, printable and short."""
+    text = str(error).strip()
+    mark, lines = "WeightsUnpickler error:", []
+    for line in text.splitlines()[1 if text.startswith("Weights only load failed") else 0:]:   # torch's preamble
+        line = line.split(mark, 1)[-1].strip()
+        if line and not line.startswith(("Check the documentation", "Please file an issue")):
+            lines.append(line)
+    reason = lines[0] if lines else type(error).__name__
+    return "".join(c if c.isprintable() else "?" for c in reason)[:160]
+
+
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _check_shapes(path: Path, found: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]]) -> None:
+    """Every tensor of the file is one config.json implies, of its shape: a tensor it does not (a layer more than
+    config.json counts, a part this architecture has not) would be dropped, and the model run without it."""
     for name, shape in found.items():
-        if name in expected and tuple(shape) != expected[name]:
+        if name not in expected:
+            raise UsageError(f"{path}: tensor {name} is not part of the Marian model config.json describes "
+                             f"({len(found)} tensors in the file)")
+        if tuple(shape) != expected[name]:
             raise UsageError(f"{path}: tensor {name} has shape {list(shape)}; config.json implies "
                              f"{list(expected[name])}")
+
+
+def _floats(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`tensors`, each a floating-point one (weights stored as integers or booleans are not a Marian model's)."""
+    for name, t in tensors.items():
+        if t.dtype not in FLOATS:
+            raise UsageError(f"{path}: tensor {name} is {str(t.dtype).removeprefix('torch.')}; weights are "
+                             "float16, bfloat16, float32 or float64")
+    return tensors
 
 
 def read_vocab(path: Path) -> dict[str, int]:
