@@ -279,7 +279,9 @@ def _refused(folder: Path, tmp_path: Path, capsys, *expected: str) -> None:
     ("vocab_size", 10 ** 9, "MAX_VOCAB"), ("d_model", 10 ** 6, "MAX_D_MODEL"),
     ("encoder_layers", 10 ** 4, "MAX_LAYERS"),
     ("d_model", "512", "d_model"), ("activation_function", "gelu", "activation_function"),
-    ("normalize_before", True, "normalize_before"), ("model_type", "bart", "model_type")])
+    ("normalize_before", True, "normalize_before"), ("model_type", "bart", "model_type"),
+    ("max_position_embeddings", 10 ** 9, "max_position_embeddings is 1,000,000,000; the limit is"),  # not max_len
+    ("decoder_start_token_id", 10 ** 6, "decoder_start_token_id must be a token id in [0, vocab_size=")])
 def test_hostile_config(marian_dir, tmp_path, capsys, field, value, expected):
     folder = _copy(marian_dir, tmp_path)
     data = json.loads((folder / "config.json").read_text())

@@ -12,6 +12,8 @@ W^K, W^V, W_1 and the head) or writes it (rows and biases of W^O and W_2) and to
 
 from __future__ import annotations
 
+import re
+
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from torch import Tensor
@@ -93,7 +95,16 @@ def model_config(data: object, source: str) -> ModelConfig:
                   activation=ACTIVATIONS[hf.activation_function], bias=True, head_bias=True,
                   tie_target=hf.tie_word_embeddings, share_embeddings=shared,
                   pad_id=hf.pad_token_id, bos_id=hf.decoder_start_token_id, eos_id=hf.eos_token_id)
-    return ModelConfig.from_dict(fields, source)                      # types, ranges and limits: one line each
+    theirs = {"src_vocab": "vocab_size", "tgt_vocab": "vocab_size" if tgt_vocab == hf.vocab_size and (
+        shared or hf.decoder_vocab_size is None) else "decoder_vocab_size", "heads": "encoder_attention_heads",
+        "d_ff": "encoder_ffn_dim", "max_len": "max_position_embeddings", "pad_id": "pad_token_id",
+        "bos_id": "decoder_start_token_id", "eos_id": "eos_token_id", "dropout": "dropout",
+        "attention_dropout": "attention_dropout"}
+    try:
+        return ModelConfig.from_dict(fields, source)                  # types, ranges and limits: one line each
+    except UsageError as error:                                       # named by config.json's keys, not ours
+        message = re.sub(r"\b(" + "|".join(theirs) + r")\b", lambda m: theirs[m.group(1)], str(error))
+        raise type(error)(message, theirs.get(error.field, error.field), status=error.status) from None
 
 
 def refusal(cfg: ModelConfig) -> str | None:
