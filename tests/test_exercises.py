@@ -427,3 +427,51 @@ def test_answers_from_a_device_or_a_fifo_are_refused_without_reading(tmp_path, c
     program = f"import sys; from glassformer.cli import main; sys.exit(main({args!r}))"
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "not a regular file" in done.stderr and done.stderr.count("\n") == 1
+
+
+def _hand_made(tmp_path, doc) -> str:
+    folder = tmp_path / "sheet"
+    folder.mkdir()
+    (folder / "exercise.json").write_text(json.dumps(doc))
+    return str(folder / "exercise.json")
+
+
+@pytest.mark.parametrize("masking", [{"key_padding": [False, False, True]},
+                                     {"mask": [[True, False, True], [True, True, True]]}])
+def test_a_sheet_with_key_padding_or_a_mask_table_is_checked(tmp_path, capsys, masking):
+    """A mask table or key padding is an (n, m) table, not a word: checking such a sheet was a traceback."""
+    q, k, v = [[1, 0], [0, 1]], [[1, 0], [0, 1], [1, 1]], [[1, 2], [3, 4], [5, 6]]
+    sheet = _hand_made(tmp_path, {"version": 1, "kind": "attention", "q": q, "k": k, "v": v, **masking})
+    seen = [[True, True, False]] * 2 if "key_padding" in masking else masking["mask"]
+    scores = [[sum(a * b for a, b in zip(qi, kj, strict=True)) for kj in k] for qi in q]
+    scaled = [[x / math.sqrt(2) for x in row] for row in scores]
+    weights = [_softmax_row(row, s) for row, s in zip(scaled, seen, strict=True)]
+    output = [[sum(w * vj[t] for w, vj in zip(row, v, strict=True)) for t in range(2)] for row in weights]
+    answer = {"version": 1, "scores": scores, "weights": weights, "output": output,
+              "scaled_scores": [[round(x, 4) if s_ else None for x, s_ in zip(row, s, strict=True)]
+                                for row, s in zip(scaled, seen, strict=True)]}
+    answer = {key: [[None if x is None else round(x, 4) for x in row] for row in val] if key != "version" else val
+              for key, val in answer.items()}
+    (tmp_path / "answers.json").write_text(json.dumps(answer))
+    assert main(["exercise", "check", sheet, str(tmp_path / "answers.json"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["verdict"] == "right", report
+
+
+def test_a_block_whose_heads_concat_is_narrower_than_d_model_is_checked(tmp_path, capsys):
+    """One head of d_v 2 in a d_model 4 block: leaving out W^O is not a mistake this sheet can show (the concat
+    cannot be added to x), not a traceback; the trace's own numbers are right."""
+    assert main(["exercise", "new", "--kind", "block", "--seed", "0", "--out", str(tmp_path / "gen")]) == 0
+    doc = json.loads((tmp_path / "gen" / "exercise.json").read_text())
+    attention = doc["self_attention"]
+    d_v = len(attention["heads"][0]["w_v"][0])
+    attention["heads"], attention["w_o"] = attention["heads"][:1], attention["w_o"][:d_v]
+    sheet = _hand_made(tmp_path, doc)
+    capsys.readouterr()
+    assert main(["trace", sheet, "-o", str(tmp_path / "trace.json")]) == 0
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    asked = ["self_attention.concat", "self_attention.output", "output"]
+    (tmp_path / "answers.json").write_text(json.dumps(answers(trace, asked)))
+    assert main(["exercise", "check", sheet, str(tmp_path / "answers.json"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["verdict"] == "right", report

@@ -186,13 +186,18 @@ def not_covered(bug: Bug, sheet) -> str | None:
         "pre": "the sheet is post-norm",
     }
     for need in bug.needs:
-        ok = {"block": sheet.kind == "block", "mask": sheet.has_mask, "causal": sheet.mask == "causal",
+        causal = isinstance(sheet.mask, str) and sheet.mask == "causal"       # (a table or key padding: an array)
+        ok = {"block": sheet.kind == "block", "mask": sheet.has_mask, "causal": causal,
               "heads>1": sheet.kind == "block" and sheet.n_heads > 1,
               "post": sheet.norm == "post", "pre": sheet.norm == "pre"}[need]
         if not ok:
             return reasons[need]
     if bug.id == "transposed-scores" and sheet.n_queries != sheet.n_keys:
         return "as many queries as keys are needed for KQᵀ to have the shape of QKᵀ"
+    if bug.id == "no-output-projection" and sheet.kind == "block" and any(
+            sum(h["w_v"].shape[1] for h in sheet.spec[name]["heads"]) != sheet.d_model
+            for name in ("self_attention", "cross_attention") if sheet.spec.get(name) is not None):
+        return "H·d_v ≠ d_model: without W^O the heads' concat cannot be added to the residual"
     return None
 
 
