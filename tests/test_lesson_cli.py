@@ -74,6 +74,13 @@ BAD_DOCS = {
                  "x[0][1]: non-finite"),
     "bool-number": (json.dumps({**block_spec(), "eps": True}), "eps: expected a number, got a boolean"),
     "head-range": (json.dumps({**block_spec(), "disabled_heads": [5]}), "disabled_heads[0]: head 5 out of range"),
+    # counted before the schema builds a cell (which made a problem per bad cell: 1.6 GB for a 4 MB file)
+    "cells": (json.dumps({**block_spec(), "x": [[{}] * 70_000]}),
+              "x: number of elements is 70,000; the limit is 65,536 (MAX_MATRIX_ELEMENTS)"),
+    "rows": (json.dumps({**block_spec(), "x": [[1.0]] * 70_000}), "x: number of elements is 70,000"),
+    "heads": (json.dumps({**block_spec(), "self_attention": {**block_spec()["self_attention"],
+                                                             "heads": [{}] * 33}}),
+              "self_attention.heads: number of heads is 33; the limit is 32 (MAX_SPEC_HEADS)"),
 }
 
 
@@ -87,6 +94,22 @@ def test_every_error_class_is_one_line_exit_2(name, tmp_path, capsys):
     assert captured.out == ""
     err = captured.err.strip()
     assert "\n" not in err and expected in err and err.startswith("glassformer trace: error: ")
+
+
+def test_a_fifo_no_one_writes_to_is_one_line_not_a_wait(tmp_path, capsys):
+    import os
+
+    fifo = tmp_path / "spec.json"
+    os.mkfifo(fifo)
+    assert main(["trace", str(fifo)]) == 2                                  # it waited for a writer before
+    assert "empty; expected a JSON document" in capsys.readouterr().err
+
+
+def test_a_file_over_the_limit_is_named_by_its_size(tmp_path, capsys):
+    path = tmp_path / "big.json"
+    path.write_text(" " * 9_000_058)
+    assert main(["trace", str(path)]) == 2
+    assert "size in bytes is 9,000,058; the limit is 4,194,304 (MAX_SPEC_FILE_BYTES)" in capsys.readouterr().err
 
 
 def test_missing_file_exits_2(capsys):

@@ -7,6 +7,7 @@ import contextlib
 import errno
 import json
 import os
+import stat
 import sys
 import tempfile
 import unicodedata
@@ -38,12 +39,26 @@ def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
 def read_spec(path: str) -> object:
     """Parse a spec file (or stdin for '-'): size, encoding, JSON and nesting problems are one SpecError line."""
     where = "stdin" if path == "-" else path
-    with (open(sys.stdin.fileno(), "rb", closefd=False) if path == "-" else open(path, "rb")) as f:
+    with (open(sys.stdin.fileno(), "rb", closefd=False) if path == "-" else _opened(path)) as f:
         raw = f.read(limits.MAX_SPEC_FILE_BYTES + 1)
-    if len(raw) > limits.MAX_SPEC_FILE_BYTES:
-        limits.check(f"{where}: size in bytes", len(raw), "MAX_SPEC_FILE_BYTES")
-        raw += f.read()
+        if len(raw) > limits.MAX_SPEC_FILE_BYTES:
+            info = os.fstat(f.fileno())
+            size = info.st_size if stat.S_ISREG(info.st_mode) else len(raw)     # (a pipe: at least this much)
+            limits.check(f"{where}: size in bytes", size, "MAX_SPEC_FILE_BYTES")
+            raw += f.read()                                            # limits lifted (--no-limits)
     return load_json(raw, where, error_type=SpecError)
+
+
+def _opened(path: str):
+    """`path` open for reading without waiting at the open: a FIFO no one writes to reads as empty (one line then,
+    not a hang); one that is written to, as /dev/stdin from a pipe, reads as usual."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    if stat.S_ISDIR(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    if hasattr(os, "set_blocking"):
+        os.set_blocking(fd, True)                                      # reads wait for a writer's data again
+    return open(fd, "rb")
 
 
 def write_output(path: str, text: str) -> None:

@@ -215,7 +215,27 @@ def _parse(doc: Any) -> AttentionSpec | EncoderBlockSpec | DecoderBlockSpec:
     if not isinstance(kind, str) or kind not in SCHEMAS:
         shown = repr(kind) if isinstance(kind, str) and len(kind) < 40 else type_name(kind)
         raise SpecError(f"kind: expected one of {', '.join(KINDS)}, got {shown}", "kind")
+    _bounded(doc, "")
     return validate(SCHEMAS[kind], doc, error_type=SpecError)
+
+
+def _bounded(node: Any, path: str) -> None:
+    """Pass 0, on the parsed JSON before the schema builds anything of it: no list holds more than
+    MAX_MATRIX_ELEMENTS values (a matrix: counted over its rows) and no sub-layer more than MAX_SPEC_HEADS heads,
+    so the schema's work and its list of problems (one per bad cell) stay small for any file within its limit."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key == "heads" and isinstance(value, list):
+                limits.check(f"{where}: number of heads", len(value), "MAX_SPEC_HEADS", where)
+            _bounded(value, where)
+    elif isinstance(node, list):
+        rows = [row for row in node if isinstance(row, list)]
+        _elements(path, len(node) + sum(len(row) for row in rows) - len(rows), path)
+        for i, item in enumerate(node):
+            if isinstance(item, (dict, list)) and not (isinstance(item, list) and all(
+                    not isinstance(x, (dict, list)) for x in item)):
+                _bounded(item, f"{path}[{i}]")
 
 
 def validate_spec(doc: Any) -> dict:
