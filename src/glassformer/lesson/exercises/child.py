@@ -2,8 +2,8 @@
 
 The checker starts this file as a script, `python -I -B child.py ROOT FD` (ROOT holds job.json; FD is the
 pipe it answers on), or enters `main(job, fd, fn)` in a forked copy of a notebook's kernel. Either way it
-imports the standard library and NumPy only — never glassformer, never torch unless the student's code
-does — and sends one JSON line per event on FD:
+imports the standard library and NumPy only — never glassformer (nor may the student's code: an import of it
+fails), never torch unless the student's code does — and sends one JSON line per event on FD:
 
     {"event": "confined", "contained": {...}}      what `confine` could apply
     {"event": "loaded"}                             the file ran; its function is there
@@ -159,6 +159,17 @@ class _Capped(io.TextIOBase):
 # ---- the run ---------------------------------------------------------------------------------------
 
 
+class _WithoutGlassformer:
+    """A meta path finder: the code checked here writes its function itself; glassformer's own reference (and
+    the rest of it) cannot be imported (what a notebook imported before its check stays its own)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "glassformer" or name.startswith("glassformer."):
+            raise ModuleNotFoundError(f"No module named {name!r} in the checked code: write the function with "
+                                      "NumPy (or torch) yourself", name=name)
+        return None
+
+
 def main(job: dict, fd: int, fn=None) -> None:
     """The start of the student's process (a script's, or a fork's of a notebook's kernel): its folder is its
     cwd, HOME and TMPDIR, its output capped, its limits set; then the file is run (unless `fn` is given) and
@@ -182,6 +193,7 @@ def main(job: dict, fd: int, fn=None) -> None:
     hidden = [os.path.abspath(p) for p in job.get("hide", [])] + [os.path.abspath(__file__)]
     hidden += sorted({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})
     send({"event": "confined", "contained": confine(work, job["limits"])})
+    sys.meta_path.insert(0, _WithoutGlassformer())
     if fn is None:
         source, filename = job["source"], job["filename"]
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
