@@ -324,7 +324,7 @@ def test_the_scale_after_softmax_a_student_writes_is_named():
     ("os_exit.py", "crashed", "exit status 0"),
     ("ten_gigabytes.py", "crashed", "MAX_CODE_MEMORY_BYTES"),
     ("raises_in_numpy.py", "error", "LinAlgError"),
-    ("imports_the_reference.py", "error", "No module named 'glassformer' in the checked code"),    # right on every probe before
+    ("imports_the_reference.py", "error", "No module named 'glassformer' in the checked code"),   # was right
 ])
 def test_hostile_code_ends_in_a_verdict(name, verdict, words):
     start = time.monotonic()

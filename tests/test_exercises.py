@@ -475,3 +475,16 @@ def test_a_block_whose_heads_concat_is_narrower_than_d_model_is_checked(tmp_path
     assert main(["exercise", "check", sheet, str(tmp_path / "answers.json"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["verdict"] == "right", report
+
+
+def test_a_wrong_cell_names_six_entries_and_counts_the_rest():
+    """A mistake in more than six entries: six are named, the rest counted (they were dropped without a word)."""
+    from glassformer.lesson.exercises.check import report_text
+
+    sheet = new_sheet("block", 0)
+    report = verdicts(sheet, answers(plant(sheet, "no-residual"), sheet.asked))
+    wrong = [c for c in report.cells if c.verdict == "wrong" and len(c.off) > 6]
+    assert wrong, [(c.path, c.verdict, len(c.off)) for c in report.cells]
+    text = report_text(report, "en")
+    assert f", … {len(wrong[0].off) - 6} more]" in text, text
+    assert f"，…另 {len(wrong[0].off) - 6} 个]" in report_text(report, "zh")

@@ -261,14 +261,16 @@ WORDS = {
            "summary": "{right} right, {carried} carried, {wrong} wrong of {total} cells filled",
            "all_right": "Every filled cell is right.", "empty": "No cell is filled in: an empty hand-in.",
            "left_out": "{n} of the {total} asked cells left out: {cells}",
-           "claim": "lesson claim", "source": "seen in public code", "entries": "entries"},
+           "claim": "lesson claim", "source": "seen in public code", "entries": "entries",
+           "more": ", … {n} more"},
     "zh": {"cell": "单元", "verdict": "判定", "bug": "错误", "right": "对", "carried": "沿用",
            "wrong": "错", "slip": "笔误（单个错误，不是已知的错误规则）",
            "carried_note": "由你自己前面的数字算得正确：一个错误只在出错处计一次",
            "summary": "已填 {total} 个单元：对 {right}，沿用 {carried}，错 {wrong}",
            "all_right": "所填单元全部正确。", "empty": "没有填写任何单元：交了空白答卷。",
            "left_out": "要求的 {total} 个单元中有 {n} 个没填：{cells}",
-           "claim": "课文论断", "source": "公开代码中的同类错误", "entries": "位置"},
+           "claim": "课文论断", "source": "公开代码中的同类错误", "entries": "位置",
+           "more": "，…另 {n} 个"},
 }
 
 
@@ -282,7 +284,8 @@ def report_text(report: Report, lang: str = "en") -> str:
     for c in report.cells:
         mistake = "" if c.verdict != "wrong" else (c.bug if c.bug != "slip" else w["slip"])
         if c.verdict == "wrong" and c.off:
-            mistake += f"  [{w['entries']}: {', '.join(f'({i + 1},{j + 1})' for i, j in c.off[:6])}]"
+            more = w["more"].format(n=len(c.off) - 6) if len(c.off) > 6 else ""
+            mistake += f"  [{w['entries']}: {', '.join(f'({i + 1},{j + 1})' for i, j in c.off[:6])}{more}]"
         rows.append((c.path, w[c.verdict], mistake))
     width = [max(_width(r[k]) for r in rows) for k in range(2)]
     lines = [f"{_pad(a, width[0])}  {_pad(b, width[1])}  {c}".rstrip() for a, b, c in rows]

@@ -122,7 +122,9 @@ def _new(args: argparse.Namespace) -> int:
         raise UsageError(f"--count: expected at least 1, got {args.count}")
     limits.check("--count: sheets", args.count, "MAX_SHEET_COUNT", "--count")
     if args.seed < 0 or args.seed + args.count - 1 > 2**32 - 1:
-        raise UsageError(f"--seed: expected 0..{2**32 - 1} (with --count), got {args.seed}")
+        top = 2**32 - args.count
+        raise UsageError(f"--seed: expected 0..{top}" + (f" (with --count {args.count})" if args.count > 1 else "")
+                         + f", got {args.seed}")
     if args.moodle:
         raise UsageError("--moodle: only with --code (a sheet's folder always holds moodle.xml)")
     eps = EPS if args.eps is None else args.eps
