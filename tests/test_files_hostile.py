@@ -278,6 +278,28 @@ def test_a_pickle_asking_for_a_global_is_refused_naming_it(marian_dir, tmp_path,
     assert "Weights only load failed" not in err and not seen, (err, [str(w.message) for w in seen])
 
 
+@pytest.mark.parametrize("name, make, expected", [
+    ("config.json", "fifo", "config.json: not a regular file"),
+    ("source.spm", "fifo", "source.spm: not a regular file"),
+    ("model.safetensors", "dangling", "model.safetensors: a link to nothing"),
+    ("model.safetensors", "fifo", "model.safetensors: not a regular file")])
+def test_a_file_that_is_there_as_something_else_is_not_called_missing(marian_dir, tmp_path, capsys, name, make,
+                                                                      expected):
+    import os
+    import shutil
+
+    folder = tmp_path / "hostile"
+    shutil.copytree(marian_dir, folder)
+    (folder / name).unlink()
+    if make == "fifo":
+        os.mkfifo(folder / name)
+    else:
+        (folder / name).symlink_to(tmp_path / "nothing-here")
+    assert main(["import", str(folder), "--out", str(tmp_path / "run")]) == 2
+    err = _one_line(capsys)
+    assert expected in err and "missing" not in err.split("(")[0], err
+
+
 def test_an_import_with_two_vocabularies_exports_both(marian_dir, tmp_path):
     """Marian's separate_vocabs: the export writes the target's vocabulary apart (only the source's before, so
     MarianTokenizer read target ids as source pieces)."""

@@ -10,6 +10,7 @@ SentencePiece models, source.spm, target.spm, model.safetensors) that every comm
 
 from __future__ import annotations
 
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -29,10 +30,19 @@ from .export import staged_folder
 FORMAT = "Hugging Face Marian"
 
 
+def _missing(path: Path) -> str:
+    """Why `path`, which is not a regular file, cannot be read: missing, or there as something else."""
+    if os.path.lexists(path) and not path.exists():
+        return "a link to nothing (or a loop of links)"
+    if path.exists():
+        return "not a regular file (a folder, a FIFO or a device)"
+    return "missing"
+
+
 def _json(path: Path, limit: str, required: bool = True) -> Any:
     if not path.is_file():
-        if required:
-            raise UsageError(f"{path}: missing (a Marian folder has config.json, model.safetensors or "
+        if required or path.exists() or os.path.lexists(path):
+            raise UsageError(f"{path}: {_missing(path)} (a Marian folder has config.json, model.safetensors or "
                              "pytorch_model.bin, source.spm, target.spm and vocab.json)")
         return None
     return read_run_json(path, limit)
@@ -42,8 +52,10 @@ def read_tensors(folder: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """The folder's tensors by Marian name, shapes checked against `cfg` before any tensor is read."""
     expected = marian.hf_shapes(cfg)
     st, pt = folder / "model.safetensors", folder / "pytorch_model.bin"
-    path = st if st.is_file() else pt
+    path = st if st.is_file() or os.path.lexists(st) else pt
     if not path.is_file():
+        if os.path.lexists(path):
+            raise UsageError(f"{path}: {_missing(path)}")
         raise UsageError(f"{folder}: no model.safetensors or pytorch_model.bin")
     limits.check(f"{path}: size in bytes", path.stat().st_size, "MAX_WEIGHTS_BYTES")
     if path == st:
@@ -117,7 +129,7 @@ def read_tokenizers(folder: Path, cfg: ModelConfig) -> tuple[SentencePieceSource
     """Source and target tokenizers as MarianTokenizer builds them from the folder's files."""
     for name in ("source.spm", "target.spm", "vocab.json"):
         if not (folder / name).is_file():
-            raise UsageError(f"{folder / name}: missing (the Marian tokenizer's files are needed)")
+            raise UsageError(f"{folder / name}: {_missing(folder / name)} (the Marian tokenizer's files are needed)")
     settings = _json(folder / "tokenizer_config.json", "MAX_CONFIG_BYTES", required=False) or {}
     separate = settings.get("separate_vocabs") is True if isinstance(settings, dict) else False
     vocab = read_vocab(folder / "vocab.json")
