@@ -220,3 +220,11 @@ def test_weights_that_do_not_fit_name_their_file_once(short_tiny_run, tmp_path, 
 def test_too_many_corrupted_sentences_name_the_limit(short_tiny_run, capsys):
     argv = ["patch", "--model", str(short_tiny_run), "我很好。", *["--corrupt", "你很好。"] * 5]
     one_line_exit_2(capsys, argv, "corrupt", "MAX_CORRUPT")
+
+
+@pytest.mark.parametrize("argv", [["import", "somewhere"], ["export", "--to", "transformers"],
+                                  ["exercise", "new", "--kind", "attention"]])
+def test_an_empty_out_is_refused_not_read_as_the_current_folder(tmp_path, capsys, monkeypatch, argv):
+    monkeypatch.chdir(tmp_path)
+    one_line_exit_2(capsys, [*argv, "--out", ""], "--out", "an empty path")
+    assert list(tmp_path.iterdir()) == []                                   # nothing written here

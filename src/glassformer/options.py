@@ -31,6 +31,14 @@ positive = at_least(1, "a positive integer")
 non_negative = at_least(0, "an integer >= 0")
 
 
+def folder_path(text: str) -> str:
+    """An argparse type for a folder to write (--out): an empty path is refused (pathlib reads it as ".", the
+    current folder, which a command would then name and write)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path")
+    return text
+
+
 def utf8_text(text: str) -> str:
     """An argparse type for free text (a sentence, --target, --contrast): refused in one line when it is not UTF-8.
     Python keeps a byte of the command line that is not UTF-8 as a lone surrogate (U+DC80..U+DCFF), which no output

@@ -203,11 +203,12 @@ def export(model_dir: str | Path, to: str, out: str | Path, quantization: str | 
 
 # ---- glassformer export ------------------------------------------------------------------------
 def add_export_arguments(parser) -> None:
-    from ..options import add_model_arguments
+    from ..options import add_model_arguments, folder_path
 
     add_model_arguments(parser)
     parser.add_argument("--to", required=True, choices=FORMATS, help="the engine to export for")
-    parser.add_argument("--out", required=True, metavar="DIR", help="the folder to write (new or empty)")
+    parser.add_argument("--out", required=True, metavar="DIR", type=folder_path,
+                        help="the folder to write (new or empty)")
     parser.add_argument("--quantization", choices=QUANTIZATIONS,
                         help="CTranslate2's weight type (passed to its converter; default: float32 as saved)")
 

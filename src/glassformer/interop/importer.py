@@ -193,8 +193,11 @@ def import_marian(folder: str | Path, out: str | Path) -> dict[str, Any]:
 
 # ---- glassformer import ------------------------------------------------------------------------
 def add_import_arguments(parser) -> None:
+    from ..options import folder_path
+
     parser.add_argument("folder", metavar="HF_DIR", help="a Hugging Face Marian folder (e.g. opus-mt-zh-en)")
-    parser.add_argument("--out", required=True, metavar="RUN_DIR", help="the run folder to write (new or empty)")
+    parser.add_argument("--out", required=True, metavar="RUN_DIR", type=folder_path,
+                        help="the run folder to write (new or empty)")
 
 
 def import_command(args) -> int:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ... import limits
 from ...errors import UsageError
+from ...options import folder_path
 from .sheet import NotASheet
 from .tasks import TASKS
 
@@ -35,7 +36,7 @@ def add_exercise_arguments(parser: argparse.ArgumentParser) -> None:
     new.add_argument("--seed", type=int, default=0, help="the sheet's seed (default 0)")
     new.add_argument("--count", type=int, default=1,
                      help="a class set: COUNT sheets of seeds SEED, SEED+1, ... (one folder each, one key table)")
-    new.add_argument("--out", required=True, metavar="DIR", help="folder to write")
+    new.add_argument("--out", required=True, metavar="DIR", type=folder_path, help="folder to write")
     new.add_argument("--lang", choices=("zh", "en"), default="zh", help="worksheet language (default zh)")
     new.add_argument("--decimals", type=int, default=4, help="decimals a student gives (default 4)")
     new.add_argument("--eps", type=float, default=None,
