@@ -215,6 +215,15 @@ def test_a_folder_beside_out_named_like_a_staging_folder_is_left_alone(run_dir, 
         assert sorted(p.name for p in tmp_path.glob(f".{out.name}*")) == [keep.name]      # nothing else left
 
 
+def test_an_out_that_links_to_an_empty_folder_is_written_there(run_dir, tmp_path):
+    """--out a symbolic link to an empty folder: the files go into that folder (the whole export was done, then
+    the link could not be replaced: "Not a directory")."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "empty")
+    assert main(["export", "--model", str(run_dir), "--to", "transformers", "--out", str(tmp_path / "link")]) == 0
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "empty" / "model.safetensors").is_file()
+
+
 def _edited_weights(marian_dir: Path, tmp_path: Path, edit) -> Path:
     import shutil
 

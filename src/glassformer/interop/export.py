@@ -150,7 +150,7 @@ def staged_folder(out: Path, what: str) -> Iterator[Path]:
     SafetensorError (safetensors' own I/O errors are not OSErrors) are one UsageError naming `--out`; an
     OSError that names a file outside the output alone (a source file that cannot be read) goes on as it is."""
     out = Path(out)
-    whole = Path(os.path.abspath(out))                  # "." and "a/.." have a name once made absolute
+    whole = Path(os.path.realpath(out))        # "." and "a/.." have a name once made absolute; a link, its folder
     try:
         whole.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{whole.name}.", suffix=".partial", dir=whole.parent))
