@@ -182,6 +182,19 @@ def test_the_pre_norm_lens_needs_the_final_layernorm():
 def test_word_groups_merge_sub_words_and_split_punctuation():
     assert word_groups(["▁I", "▁ga", "ve", "▁him", "▁yester", "day", ".", "</s>"]) == [
         [0], [1, 2], [3], [4, 5], [6], [7]]
+    # a bare ▁ (SentencePiece's space cut off before punctuation) is no word of its own (it was shown as "?")
+    assert word_groups(["▁", "F", "ine", "▁", ".", "</s>"]) == [[0, 1, 2], [3, 4], [5]]
+    assert word_groups(["▁", "</s>"]) == [[0], [1]]
+
+
+@pytest.mark.parametrize("command", ["attribute", "align"])
+@pytest.mark.parametrize("text", ["</s>", "<s> I gave", "I gave him <pad>"])
+def test_a_target_holding_a_special_tokens_text_is_one_line(short_tiny_run, capsys, command, text):
+    """The tokenizer reads `</s>` in a target as the token itself: align ended in a traceback, attribute explained
+    log p(</s>) or fed a BOS in as a word."""
+    assert main([command, "我很好。", "--target", text, "--model", str(short_tiny_run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is one of the vocabulary's special tokens" in err, err
 
 
 @pytest.fixture(scope="module")

@@ -87,6 +87,8 @@ test("Gauss-Legendre nodes and weights integrate polynomials of degree 2n-1 exac
 
 test("words of target pieces: a word starts at ▁, a special or punctuation", () => {
   assert.deepEqual(engine.wordGroups(["▁I", "▁ga", "ve", "▁him", ".", "</s>"]), [[0], [1, 2], [3], [4], [5]]);
+  assert.deepEqual(engine.wordGroups(["▁", "F", "ine", "▁", ".", "</s>"]), [[0, 1, 2], [3, 4], [5]]);   // bare ▁
+  assert.deepEqual(engine.wordGroups(["▁", "</s>"]), [[0], [1]]);
 });
 
 test("central differences agree with the backward on a fresh pre-norm model with RoPE", () => {

@@ -50,7 +50,7 @@ from ..errors import UsageError
 from .attribution import METHODS, attribute, check_steps, special_ids
 from .gold import load_gold, project_links, project_units, score
 from .integrated import DEFAULT_RULE
-from .why import _piece, _word, word_groups
+from .why import _piece, _word, target_ids, word_groups
 
 ROWS = ("predict", "shift")     # row conventions: the row that predicts y_t / the row whose newest input is y_t
 DEFAULT_METHOD = "attention"
@@ -94,13 +94,13 @@ def encode_pair(model, source, target, sentence: Any, target_text: Any) -> Encod
     limits.check("sentence: units", len(enc.ids), "MAX_SENTENCE_TOKENS", "sentence")
     if len(enc.ids) > max_len:
         raise UsageError(f"sentence: {len(enc.ids)} units; the model takes at most {max_len}", "sentence")
-    ids = target.encode(target_text)
+    sp = special_ids(model)
+    ids = target_ids(target, sp, target_text)
     if not ids:
         raise UsageError("target: no tokens after splitting", "target")
     limits.check("target: tokens", len(ids), "MAX_SENTENCE_TOKENS", "target")
     if len(ids) + 1 > max_len:
         raise UsageError(f"target: {len(ids)} tokens; the model takes at most {max_len - 1}", "target")
-    sp = special_ids(model)
     labels = [*ids, sp.eos]
     pieces = [_piece(target, sp, t) for t in labels]
     specials = {sp.bos, sp.eos, sp.pad}

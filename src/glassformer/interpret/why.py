@@ -51,12 +51,14 @@ def _punct(piece: str) -> bool:
 
 
 def word_groups(pieces: list[str]) -> list[list[int]]:
-    """Indices of `pieces` grouped into words: a word starts at a ▁ piece, a special, or punctuation."""
+    """Indices of `pieces` grouped into words: a word starts at a ▁ piece, a special, or punctuation; a bare ▁ (the
+    space SentencePiece cuts off before punctuation: '▁', '.') belongs to the piece after it."""
     groups: list[list[int]] = []
     for k, piece in enumerate(pieces):
         special = piece.startswith("<") and piece.endswith(">")
         starts = (not groups or piece.startswith("▁") or special or _punct(piece)
                   or _punct(pieces[k - 1]) or pieces[k - 1].startswith("<"))
+        starts = starts and not (k > 0 and pieces[k - 1] == "▁" and not special)
         if starts:
             groups.append([k])
         else:
@@ -99,7 +101,7 @@ def sentence_rows(model, source, target, sentence: str, target_text: str | None)
         if not isinstance(target_text, str) or not target_text.strip():
             raise UsageError("target: expected a non-empty English sentence", "target")
         limits.check("target: characters", len(target_text), "MAX_TARGET_CHARS", "target")
-        out, finished, mode = target.encode(target_text), True, "teacher-forced"
+        out, finished, mode = target_ids(target, sp, target_text), True, "teacher-forced"
         limits.check("target: tokens", len(out), "MAX_SENTENCE_TOKENS", "target")
     if finished and len(out) + 1 > limit:
         raise UsageError(f"target: {len(out)} tokens; the model takes at most {limit - 1}", "target")
@@ -107,6 +109,18 @@ def sentence_rows(model, source, target, sentence: str, target_text: str | None)
     labels = [*out, sp.eos] if finished else out[: len(inputs)]
     return {"units": units, "src": src, "tgt_in": torch.tensor([inputs], device=device), "labels": labels, "mode": mode,
             "translation": target.decode(out), "finished": finished}
+
+
+def target_ids(target, sp, text: str) -> list[int]:
+    """The ids of a user's target sentence; the text of a special token in it (`</s>`, `<s>`, `<pad>`, which the
+    tokenizer reads as the token itself) is refused: a target is English text, its end marker the model's own."""
+    ids = target.encode(text)
+    named = {sp.bos: "<s>", sp.eos: "</s>", sp.pad: "<pad>"}
+    found = [named[i] for i in ids if i in named]
+    if found:
+        raise UsageError(f"target: {found[0]!r} is one of the vocabulary's special tokens (<s>, </s>, <pad>), not "
+                         "English text; write the words (the end marker is added)", "target")
+    return ids
 
 
 def _piece(target, sp, token_id: int) -> str:

@@ -316,13 +316,15 @@ function isPunctuationPiece(piece) {                                   // why.py
   return text.length > 0 && !/[\p{L}\p{N}]/u.test(text);
 }
 
-// indices of `pieces` grouped into words: a word starts at a ▁ piece, a special, or punctuation
+// indices of `pieces` grouped into words: a word starts at a ▁ piece, a special, or punctuation; a bare ▁ (the
+// space SentencePiece cuts off before punctuation) belongs to the piece after it
 export function wordGroups(pieces) {
   const groups = [];
   pieces.forEach((piece, k) => {
     const special = piece.startsWith("<") && piece.endsWith(">");
-    const starts = groups.length === 0 || piece.startsWith("▁") || special || isPunctuationPiece(piece) ||
-      isPunctuationPiece(pieces[k - 1]) || pieces[k - 1].startsWith("<");
+    const starts = (groups.length === 0 || piece.startsWith("▁") || special || isPunctuationPiece(piece) ||
+      isPunctuationPiece(pieces[k - 1]) || pieces[k - 1].startsWith("<")) &&
+      !(k > 0 && pieces[k - 1] === "▁" && !special);
     if (starts) groups.push([k]);
     else groups[groups.length - 1].push(k);
   });
