@@ -25,7 +25,6 @@ import numpy as np
 
 # ---- the switches: one field per place a computation can go wrong ------------------------------
 
-
 @dataclass(frozen=True)
 class Switches:
     """How one run computes. The defaults are the lesson's formulas."""
@@ -58,7 +57,6 @@ RIGHT = Switches()
 
 
 # ---- the bugs --------------------------------------------------------------------------------
-
 
 @dataclass(frozen=True)
 class Bug:
@@ -179,30 +177,27 @@ def not_covered(bug: Bug, sheet) -> str | None:
         "block": "the sheet has no LayerNorm, residual, W^O or FFN (an attention sheet)",
         "mask": "the sheet has no mask",
         "causal": "the sheet has no causal mask",
-        "heads>1": ("one head: √d_model = √d_k and a concat of one head has no order"
-                    if sheet.kind == "block" else
-                    "one head given its Q, K, V: √d_model = √d_k and a concat of one head has no order"),
+        "heads>1": ("one head" if sheet.kind == "block" else "one head given its Q, K, V")
+                   + ": √d_model = √d_k and a concat of one head has no order",
         "post": "the sheet is pre-norm",
         "pre": "the sheet is post-norm",
     }
     for need in bug.needs:
-        causal = isinstance(sheet.mask, str) and sheet.mask == "causal"       # (a table or key padding: an array)
-        ok = {"block": sheet.kind == "block", "mask": sheet.has_mask, "causal": causal,
+        ok = {"block": sheet.kind == "block", "mask": sheet.has_mask,
+              "causal": isinstance(sheet.mask, str) and sheet.mask == "causal",     # (a table: an array)
               "heads>1": sheet.kind == "block" and sheet.n_heads > 1,
               "post": sheet.norm == "post", "pre": sheet.norm == "pre"}[need]
         if not ok:
             return reasons[need]
     if bug.id == "transposed-scores" and sheet.n_queries != sheet.n_keys:
         return "as many queries as keys are needed for KQᵀ to have the shape of QKᵀ"
-    if bug.id == "no-output-projection" and sheet.kind == "block" and any(
-            sum(h["w_v"].shape[1] for h in sheet.spec[name]["heads"]) != sheet.d_model
-            for name in ("self_attention", "cross_attention") if sheet.spec.get(name) is not None):
+    if bug.id == "no-output-projection" and sheet.kind == "block" and any(sum(h["w_v"].shape[1] for h in sheet.spec[
+            name]["heads"]) != sheet.d_model for name in ("self_attention", "cross_attention") if sheet.spec.get(name)):
         return "H·d_v ≠ d_model: without W^O the heads' concat cannot be added to the residual"
     return None
 
 
 # ---- the one computation ---------------------------------------------------------------------
-
 
 @dataclass(frozen=True)
 class Cell:
