@@ -64,7 +64,7 @@ def read_tensors(folder: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
         with safe_open(str(path), framework="pt") as f:
             return _floats(path, {name: f.get_tensor(name) for name in shapes})
     try:
-        with warnings.catch_warnings(record=True):   # torch's own notes on the file (its pickle protocol): kept
+        with warnings.catch_warnings(record=True):   # torch's notes on the file (pickle protocol): not printed
             try:
                 loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             except RuntimeError as error:              # a file of the legacy (non-zip) format cannot be mapped
