@@ -140,6 +140,11 @@ def test_the_exported_page_computes_gradients_live_for_a_new_sentence(browser, a
         shares = [float(x) for x in p.page.locator('[data-probe="why.map"] td.share').evaluate_all(
             "(cells) => cells.map((c) => c.dataset.share)")]
         assert shares and all(0 <= s <= 1 for s in shares)
+        # a special token's text as the target: one line naming the field, as the CLI and the server answer
+        p.page.fill("#why-target", "</s>")
+        p.page.click("#why-run")
+        p.page.wait_for_selector("#error:not([hidden])", timeout=20000)
+        assert "target" in p.page.inner_text("#error") and "special tokens" in p.page.inner_text("#error")
         assert p.errors == [] and p.outside == []
     finally:
         p.close()

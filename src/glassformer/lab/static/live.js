@@ -187,6 +187,12 @@ function checkTarget(S, text, field = "target") {
     throw new LiveError(`${field}: '${text.trim().split(/\s+/)[missing]}' is not a symbol of this toy (its symbols: `
       + `${S.target.symbols().join(" ")})`, field);
   }
+  const named = { [S.config.bos_id]: "<s>", [S.config.eos_id]: "</s>", [S.config.pad_id]: "<pad>" };
+  const special = ids.find((id) => id in named);                 // the tokenizer reads "</s>" as the token itself
+  if (special !== undefined) {
+    throw new LiveError(`${field}: '${named[special]}' is one of the vocabulary's special tokens (<s>, </s>, <pad>), `
+      + "not English text; write the words (the end marker is added)", field);
+  }
   if (ids.length + 1 > S.config.max_len) {
     throw new LiveError(`${field} has ${ids.length} tokens; the model takes at most ${S.config.max_len - 1}`, field);
   }
