@@ -40,6 +40,7 @@ from .tokenize import SourceTokenizer, TargetTokenizer
 
 CONFIG, VOCAB, STATE = "config.json", "vocab.json", "state.json"
 MODEL, OPTIMIZER = "model.safetensors", "optimizer.safetensors"
+METRICS = "metrics.jsonl"            # a run's log: one JSON line per --log-every steps and per epoch
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 FOLDER_MODE = 0o777 & ~_UMASK        # what mkdir gives a folder here (mkdtemp's own are 0o700)

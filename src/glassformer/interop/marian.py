@@ -95,11 +95,10 @@ def model_config(data: object, source: str) -> ModelConfig:
                   activation=ACTIVATIONS[hf.activation_function], bias=True, head_bias=True,
                   tie_target=hf.tie_word_embeddings, share_embeddings=shared,
                   pad_id=hf.pad_token_id, bos_id=hf.decoder_start_token_id, eos_id=hf.eos_token_id)
-    theirs = {"src_vocab": "vocab_size", "tgt_vocab": "vocab_size" if tgt_vocab == hf.vocab_size and (
-        shared or hf.decoder_vocab_size is None) else "decoder_vocab_size", "heads": "encoder_attention_heads",
-        "d_ff": "encoder_ffn_dim", "max_len": "max_position_embeddings", "pad_id": "pad_token_id",
-        "bos_id": "decoder_start_token_id", "eos_id": "eos_token_id", "dropout": "dropout",
-        "attention_dropout": "attention_dropout"}
+    theirs = {"src_vocab": "vocab_size", "tgt_vocab": "vocab_size" if shared or hf.decoder_vocab_size is None
+              else "decoder_vocab_size", "heads": "encoder_attention_heads", "d_ff": "encoder_ffn_dim",
+              "max_len": "max_position_embeddings", "pad_id": "pad_token_id", "bos_id": "decoder_start_token_id",
+              "eos_id": "eos_token_id"}                                # the rest have config.json's own names
     try:
         return ModelConfig.from_dict(fields, source)                  # types, ranges and limits: one line each
     except UsageError as error:                                       # named by config.json's keys, not ours

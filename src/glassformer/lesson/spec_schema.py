@@ -230,11 +230,9 @@ def _bounded(node: Any, path: str) -> None:
                 limits.check(f"{where}: number of heads", len(value), "MAX_SPEC_HEADS", where)
             _bounded(value, where)
     elif isinstance(node, list):
-        rows = [row for row in node if isinstance(row, list)]
-        _elements(path, len(node) + sum(len(row) for row in rows) - len(rows), path)
-        for i, item in enumerate(node):
-            if isinstance(item, (dict, list)) and not (isinstance(item, list) and all(
-                    not isinstance(x, (dict, list)) for x in item)):
+        _elements(path, sum(len(item) if isinstance(item, list) else 1 for item in node), path)
+        for i, item in enumerate(node):                   # deeper than a matrix's rows: objects, nested lists
+            if isinstance(item, dict) or isinstance(item, list) and any(isinstance(x, (dict, list)) for x in item):
                 _bounded(item, f"{path}[{i}]")
 
 

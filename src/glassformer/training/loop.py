@@ -27,6 +27,7 @@ from torch import nn
 from ..data.batching import Example, collate, drop_words, make_batches, rank_share, step_groups
 from ..data.checkpoint import (
     CONFIG,
+    METRICS,
     MODEL,
     STATE,
     average_into,
@@ -84,7 +85,7 @@ class Trainer:
     def __init__(self, args) -> None:
         self.options = run_options(args)
         self.out, self.resume = self.options.out, self.options.resume
-        self.settings, vocab = self._open_run(args)
+        self.settings, vocab = open_run(self.out, self.resume, args)   # saved settings on --resume
         self.keep = max(self.options.keep, self.settings.average)
         world = int(os.environ.get("WORLD_SIZE", "1"))
         torch.set_num_threads(training_threads(world, self.options.threads))   # the usable cores, shared by ranks
@@ -118,10 +119,6 @@ class Trainer:
         self.interrupted, self._stop = False, StopFlag()          # Ctrl-C / SIGTERM: stop at a clean step
         self._rng_ranks: list | None = None                        # every rank's random state (DDP), for `save`
 
-    def _open_run(self, args) -> tuple[TrainSettings, dict | None]:
-        """The settings (saved ones on --resume) and the saved vocabularies (None for a new run)."""
-        return open_run(self.out, self.resume, args)
-
     # ---- state ----------------------------------------------------------------------------
     def _load(self) -> None:
         self.state = load_checkpoint(self.out, self.model, self.optimizer, self.device, self.dist) or self.state
@@ -145,7 +142,7 @@ class Trainer:
 
     def log(self, record: dict[str, Any]) -> None:
         if self.dist.main:
-            with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as f:
+            with open(self.out / METRICS, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
 
     def account_time(self) -> None:
@@ -373,8 +370,8 @@ class Trainer:
 
     def summary(self) -> None:
         secs = self.state.get("seconds", 0.0)
-        lines = [json.loads(x) for x in (self.out / "metrics.jsonl").read_text().splitlines() if x.strip()] \
-            if (self.out / "metrics.jsonl").exists() else []
+        lines = [json.loads(x) for x in (self.out / METRICS).read_text().splitlines() if x.strip()] \
+            if (self.out / METRICS).exists() else []
         rates = [r["tokens_per_s"] for r in lines if r.get("kind") == "step"]
         rate = sorted(rates)[len(rates) // 2] if rates else float("nan")
         print(f"done: {self.state['step']} steps in {secs:.0f} s (median {rate:.0f} target tokens/s); "
@@ -388,4 +385,3 @@ def train(args) -> int:
 
 
 __all__ = ["Data", "Recipe", "Trainer", "build_source_tokenizer", "estimate_line", "prepare_data", "train"]
-

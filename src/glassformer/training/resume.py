@@ -14,6 +14,7 @@ from safetensors import SafetensorError
 
 from ..data.checkpoint import (
     CONFIG,
+    METRICS,
     MODEL,
     OPTIMIZER,
     STATE,
@@ -86,32 +87,28 @@ def load_checkpoint(out: Path, model, optimizer: torch.optim.Optimizer, device: 
     return state
 
 
-METRICS = "metrics.jsonl"
-
-
-def trim_metrics(out: Path, step: int) -> int:
+def trim_metrics(out: Path, step: int) -> None:
     """metrics.jsonl as it stood at the checkpoint a run resumes from (step `step`; 0 for a run stopped before its
     first): the lines of steps after it, which the resumed run logs again, and a line a hard stop cut short are
-    dropped. Returns how many lines were dropped (the file is replaced whole, only when there are any)."""
+    dropped (the file replaced whole, only when a line goes)."""
     path = out / METRICS
     if not path.is_file():
-        return 0
-    kept, dropped = [], 0
+        return
     with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                record = None
-            later = isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] > step
-            if record is None or not isinstance(record, dict) or later:
-                dropped += bool(line.strip())
-                continue
-            kept.append(line if line.endswith("\n") else line + "\n")
-    if dropped:
+        lines = [line for line in f if line.strip()]
+    kept = [line if line.endswith("\n") else line + "\n" for line in lines if _logged_by(line, step)]
+    if len(kept) < len(lines):
         with atomic_path(path) as tmp:
             tmp.write_text("".join(kept), encoding="utf-8")
-    return dropped
+
+
+def _logged_by(line: str, step: int) -> bool:
+    """Whether a metrics line is whole and of the run up to `step` (a line without a step, the average, is kept)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and not (isinstance(record.get("step"), int) and record["step"] > step)
 
 
 def gathered_rng(dist) -> list | None:
