@@ -27,6 +27,8 @@ from glassformer.errors import UsageError
 from glassformer.lab.bundle import BundleError, read_bundle, write_bundle
 from glassformer.lesson import examples
 from glassformer.lesson.reference import max_difference, run_reference
+from glassformer.lesson.spec import validate_spec
+from glassformer.limits import LimitError
 from glassformer.model import ModelConfig, Transformer
 
 ENGINE = Path(glassformer.__file__).parent / "lab" / "static" / "engine"
@@ -409,10 +411,55 @@ def test_a_bad_trace_document_names_its_field(tmp_path):
         {"kind": "error", "case": {"kind": "trace", "doc": bad}},
         {"kind": "error", "case": {"kind": "trace", "doc": {**examples.block_spec(), "disabled_heads": [5]}}},
         {"kind": "error", "case": {"kind": "trace", "doc": {**examples.exercise_spec(), "version": 2}}},
+        *({"kind": "error", "case": {"kind": "trace", "doc": doc}} for doc in _bad_biases()),
     ])["results"]
     assert errors[0]["error"].startswith("self_attention.w_o: expected 4×4")
     assert errors[1]["error"].startswith("disabled_heads[0]: head 5 out of range")
     assert errors[2]["error"].startswith("version:")
+    assert [e["error"].split(":")[0] for e in errors[3:]] == [field for field, _ in BAD_BIASES]   # once unread
+
+
+BAD_BIASES = [("ffn.b_1", ["x"] * 4), ("ffn.b_2", [0.0] * 3), ("self_attention.b_o", [None] * 4),
+              ("self_attention.heads[1].b_v", [0.0]), ("self_attention.heads[0].b_q", [1.0, "1"])]
+
+
+def _bad_biases() -> list[dict]:
+    docs = []
+    for field, value in BAD_BIASES:
+        doc, *path, key = [examples.block_spec(), *field.replace("[", ".").replace("]", "").split(".")]
+        node = doc
+        for part in path:
+            node = node[int(part)] if part.isdigit() else node[part]
+        node[key] = value
+        docs.append(doc)
+    return docs
+
+
+def test_a_number_beyond_the_magnitude_bound_is_refused_as_python_refuses_it(tmp_path):
+    """MAX_SPEC_MAGNITUDE in the page: the same field and the same line as lesson/spec_schema.py's LimitError."""
+    docs = []
+    for path, value in (("x", 1e300), ("self_attention.w_o", -1.000001e12), ("ffn.b_2", 3e15)):
+        doc = examples.block_spec()
+        if path == "ffn.b_2":
+            doc["ffn"]["b_2"] = [0.0, value, 0.0, 0.0]
+        elif path == "x":
+            doc["x"][2][1] = value
+        else:
+            doc["self_attention"]["w_o"][1][3] = value
+        docs.append(doc)
+    at_the_bound = examples.block_spec()
+    at_the_bound["x"][0][0] = -1e12
+    out = run_engine(tmp_path, None, [{"kind": "error", "case": {"kind": "trace", "doc": d}} for d in docs] +
+                     [{"kind": "trace", "doc": at_the_bound}])["results"]
+    for doc, result in zip(docs, out[:3], strict=True):
+        with pytest.raises(LimitError) as info:
+            validate_spec(doc)
+        assert result["error"] == str(info.value)
+    assert [r["error"] for r in out[:3]] == ["x[2][1]: 1e+300 is beyond ±1e+12 (MAX_SPEC_MAGNITUDE)",
+                                             "self_attention.w_o[1][3]: -1.000001e+12 is beyond ±1e+12 "
+                                             "(MAX_SPEC_MAGNITUDE)",
+                                             "ffn.b_2[1]: 3e+15 is beyond ±1e+12 (MAX_SPEC_MAGNITUDE)"]
+    assert max_difference(out[3], run_reference(at_the_bound)) < 1e-9
 
 
 # ---- planted bugs turn the comparisons red -------------------------------------------------------------

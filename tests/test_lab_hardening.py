@@ -113,6 +113,10 @@ def test_work_bombs_are_refused_with_413_before_computing(server):
     rows = {"version": 1, "kind": "attention", "q": [[1.0]] * 1500, "k": [[1.0]] * 1500, "v": [[1.0]] * 1500}
     status, payload = post_json(server, "/api/trace", rows)
     assert status == 413 and "MAX_SPEC_ROWS" in payload["error"]
+    huge = {"version": 1, "kind": "attention", "q": [[1.0, 1e300]], "k": [[1.0, 1.0]], "v": [[1.0]]}
+    status, payload = post_json(server, "/api/trace", huge)     # once null for every score, unlike the reference
+    assert status == 413 and payload == {"error": "q[0][1]: 1e+300 is beyond ±1e+12 (MAX_SPEC_MAGNITUDE)",
+                                         "field": "q[0][1]"}
     assert time.perf_counter() - started < 5                    # once 32 s and a 67 MB answer
 
 

@@ -379,3 +379,52 @@ def test_lifted_limits_run_a_larger_spec():
     with limits.lifted():
         out = run_spec(doc)
     assert len(out["weights"]) == 300 and out["weights"][0] == [0.5, 0.5]
+
+
+def _at_the_bound(rng, shape) -> list:
+    """Numbers of ±MAX_SPEC_MAGNITUDE, signs at random."""
+    return (np.where(rng.random(shape) < 0.5, -1.0, 1.0) * limits.MAX_SPEC_MAGNITUDE).tolist()
+
+
+@pytest.mark.parametrize("kind", ["encoder_block", "decoder_block"])
+def test_numbers_at_the_magnitude_bound_stay_finite_and_agree(kind):
+    """At the widest d (MAX_SPEC_WIDTH) and every number ±MAX_SPEC_MAGNITUDE, no intermediate overflows: every
+    number of the answer is finite (1e150 in one cell gave null everywhere, and the model's nulls differed from the
+    reference's) and the block equals the float64 reference to float rounding."""
+    rng, d, n, h = np.random.default_rng(0), limits.MAX_SPEC_WIDTH, 2, 64
+    def attention():
+        return {"heads": [{w: _at_the_bound(rng, (d, h)) for w in ("w_q", "w_k", "w_v")}],
+                "w_o": _at_the_bound(rng, (h, d)), "b_o": _at_the_bound(rng, d)}
+    doc = {"version": 1, "kind": kind, "x": _at_the_bound(rng, (n, d)), "self_attention": attention(),
+           "ffn": {"w_1": _at_the_bound(rng, (d, h)), "w_2": _at_the_bound(rng, (h, d)),
+                   "b_1": _at_the_bound(rng, h)},
+           "layer_norms": [{"gamma": _at_the_bound(rng, d), "beta": _at_the_bound(rng, d)}
+                           for _ in range(2 if kind == "encoder_block" else 3)], "eps": 0}
+    if kind == "decoder_block":
+        doc.update(memory=_at_the_bound(rng, (3, d)), cross_attention=attention(), mask="causal")
+    got, want = run_spec(doc), run_reference(doc)
+    out, ref = np.array(got["output"], dtype=float), np.array(want["output"], dtype=float)
+    assert np.isfinite(out).all() and np.abs(out).max() > 1e12
+    assert np.allclose(out, ref, rtol=1e-9, atol=1e-9 * np.abs(ref).max())
+    json.dumps(got, allow_nan=False)
+
+
+@pytest.mark.parametrize("path, value, shown", [("x[1][2]", 1e150, "1e+150"),
+                                                ("self_attention.w_o[3][0]", -2e12, "-2e+12"),
+                                                ("ffn.b_1[1]", 1.000001e12, "1.000001e+12"),
+                                                ("layer_norms[0].gamma[3]", -1e300, "-1e+300")])
+def test_a_number_beyond_the_magnitude_bound_is_one_line(path, value, shown):
+    doc = block_spec()
+    doc["layer_norms"] = [{"gamma": [1.0] * 4, "beta": [0.0] * 4} for _ in range(2)]
+    doc["ffn"]["b_1"] = [0.0] * len(doc["ffn"]["w_1"][0])
+    parts = path.replace("[", ".").replace("]", "").split(".")
+    node = doc
+    for part in parts[:-1]:
+        node = node[int(part)] if part.isdigit() else node[part]
+    node[int(parts[-1])] = value
+    with pytest.raises(LimitError) as info:
+        run_spec(doc)
+    assert str(info.value) == f"{path}: {shown} is beyond ±1e+12 (MAX_SPEC_MAGNITUDE)"
+    assert info.value.field == path and info.value.status == 413
+    with limits.lifted():                                   # --no-limits: trusted input runs as given
+        assert run_spec(doc)["kind"] == "encoder_block"

@@ -23,6 +23,7 @@ MAX_SPEC_ROWS = 256                  # rows of q, k, v, x, memory (n and m)
 MAX_SPEC_WIDTH = 512                 # columns: d, d_k, d_v, d_ff
 MAX_SPEC_HEADS = 32                  # heads of one attention sub-layer
 MAX_MATRIX_ELEMENTS = 65_536         # numbers in any one matrix, given or computed (n·m scores, n·d_ff hidden)
+MAX_SPEC_MAGNITUDE = 1e12            # |any number| of a matrix or vector: every intermediate stays finite in float64
 MAX_OUTPUT_ELEMENTS = 1_000_000      # numbers in a whole trace answer (about 20 MB of JSON)
 MAX_JSON_INDENT = 16                 # `trace --indent`: spaces per nesting level of the printed JSON
 

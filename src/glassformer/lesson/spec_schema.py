@@ -138,7 +138,20 @@ def _matrix(rows: list[list[float]], path: str, *, data: bool = False) -> np.nda
     if not width:
         raise SpecError(f"{path}: rows have no numbers (0 columns)", path)
     _elements(path, len(rows) * width, path)
-    return np.array(rows, dtype=np.float64)
+    return _finite(np.array(rows, dtype=np.float64), path)
+
+
+def _finite(a: np.ndarray, path: str) -> np.ndarray:
+    """`a` when no number is beyond ±MAX_SPEC_MAGNITUDE: within it, within the size limits, no intermediate of a
+    block overflows float64 (the largest, a layer norm's sum of squares, is below (width · magnitude)^6 < 1e89), so
+    the model and the float64 reference agree and `null` means a masked or 0/0 number only."""
+    bound = limits.MAX_SPEC_MAGNITUDE
+    if a.size and limits.enforced() and np.abs(a).max() > bound:
+        at = np.unravel_index(int(np.abs(a).argmax()), a.shape)
+        where = path + "".join(f"[{i}]" for i in at)
+        number = np.format_float_scientific(a[at], trim="-")            # as the page's engine writes it
+        raise limits.LimitError(f"{where}: {number} is beyond ±{bound:g} (MAX_SPEC_MAGNITUDE)", where)
+    return a
 
 
 def _expect(a: np.ndarray, path: str, rows: int | None, cols: int | None, what: str) -> np.ndarray:
@@ -154,7 +167,7 @@ def _vector(value: list[float] | None, path: str, n: int, what: str, default: fl
         return np.full(n, default)
     if len(value) != n:
         raise SpecError(f"{path}: expected length {n} ({what}), got {len(value)}", path)
-    return np.array(value, dtype=np.float64)
+    return _finite(np.array(value, dtype=np.float64), path)
 
 
 def _bools(value: list[bool], path: str, n: int, what: str) -> np.ndarray:

@@ -8,7 +8,7 @@ export const TRACE_SUBLAYERS = {
   encoder_block: ["self_attention", "ffn"],
   decoder_block: ["self_attention", "cross_attention", "ffn"],
 };
-export const TRACE_LIMITS = { rows: 256, width: 512, heads: 32, elements: 65536 };   // as glassformer.limits
+export const TRACE_LIMITS = { rows: 256, width: 512, heads: 32, elements: 65536, magnitude: 1e12 };   // as glassformer.limits
 
 // ---- primitives on number[][] -------------------------------------------------------------------------
 
@@ -95,6 +95,7 @@ function checkMatrix(value, field, rows = null, cols = null, what = "") {
     }
     row.forEach((x, j) => {
       if (typeof x !== "number" || !Number.isFinite(x)) throw specError(`${field}[${i}][${j}]`, "expected a finite number");
+      checkMagnitude(x, `${field}[${i}][${j}]`);
     });
   });
   if ((rows !== null && value.length !== rows) || (cols !== null && width !== cols)) {
@@ -108,7 +109,15 @@ function checkVector(value, field, n, fill) {
   if (!Array.isArray(value) || value.length !== n || value.some((x) => typeof x !== "number" || !Number.isFinite(x))) {
     throw specError(field, `expected ${n} finite numbers`);
   }
+  value.forEach((x, i) => checkMagnitude(x, `${field}[${i}]`));
   return value;
+}
+
+// |x| within TRACE_LIMITS.magnitude (MAX_SPEC_MAGNITUDE): within it and the sizes, nothing overflows float64
+function checkMagnitude(x, field) {
+  if (Math.abs(x) > TRACE_LIMITS.magnitude) {
+    throw specError(field, `${x.toExponential()} is beyond ±${TRACE_LIMITS.magnitude.toExponential()} (MAX_SPEC_MAGNITUDE)`);
+  }
 }
 
 function checkFlags(value, field, n) {
@@ -152,8 +161,12 @@ function checkHeads(p, field, d) {
     dk = checkMatrix(h.w_q, `${f}.w_q`, d, dk, "d×d_k")[0].length;
     checkMatrix(h.w_k, `${f}.w_k`, d, dk, "d×d_k");
     dv = checkMatrix(h.w_v, `${f}.w_v`, d, dv, "d×d_v")[0].length;
+    checkVector(h.b_q, `${f}.b_q`, dk, 0);
+    checkVector(h.b_k, `${f}.b_k`, dk, 0);
+    checkVector(h.b_v, `${f}.b_v`, dv, 0);
   });
   checkMatrix(p.w_o, `${field}.w_o`, p.heads.length * dv, d, `(H·d_v)×d with H=${p.heads.length}, d_v=${dv}`);
+  checkVector(p.b_o, `${field}.b_o`, d, 0);
 }
 
 // ---- running a document ----------------------------------------------------------------------------------
@@ -212,6 +225,8 @@ function runBlockTrace(doc) {
   if (!doc.ffn) throw specError("ffn", "missing required key 'ffn'");
   const dff = checkMatrix(doc.ffn.w_1, "ffn.w_1", d, null, "d×d_ff")[0].length;
   checkMatrix(doc.ffn.w_2, "ffn.w_2", dff, d, "d_ff×d");
+  checkVector(doc.ffn.b_1, "ffn.b_1", dff, 0);
+  checkVector(doc.ffn.b_2, "ffn.b_2", d, 0);
   if (n * dff > TRACE_LIMITS.elements) throw specError("ffn.w_1", `hidden n×d_ff = ${n * dff}, over the limit of ${TRACE_LIMITS.elements}`);
   const norms = doc.layer_norms ?? names.map(() => ({}));
   if (!Array.isArray(norms) || norms.length !== names.length) {
