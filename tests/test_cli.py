@@ -51,6 +51,8 @@ BLOCK = json.dumps(block_spec())
                  "v": [[1.0]] * 2000}).encode(), ["q: rows", "MAX_SPEC_ROWS"]),
     (b"", ["empty"]),
     (json.dumps({**block_spec(), "x": [["\ud800"]]}).encode(), ["lone surrogate"]),
+    (BLOCK.replace('"norm"', '"eps": 1e300, "norm"', 1).encode(), ["'eps' appears twice"]),   # once: the last
+    (json.dumps({**block_spec(), "x": [[1e300]]}).encode(), ["x[0][0]: 1e+300", "MAX_SPEC_MAGNITUDE"]),
 ])
 def test_trace_refuses_hostile_files_in_one_line(tmp_path, capsys, raw, words):
     path = tmp_path / "spec.json"

@@ -366,7 +366,11 @@ def test_a_sheet_whose_numbers_overflow_is_refused(sheet_dir, capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert main(["exercise", "check", str(huge / "exercise.json"), str(huge / "a.json")]) == 2
-    err = _one_line(capsys)
+        where = huge / "exercise.json"
+        assert _one_line(capsys).strip() == (f"glassformer exercise: error: {where}: q[0][0]: 1e+300 is beyond "
+                                             "±1e+12 (MAX_SPEC_MAGNITUDE)")
+        assert main(["exercise", "check", "--no-limits", str(huge / "exercise.json"), str(huge / "a.json")]) == 2
+    err = _one_line(capsys)                                     # limits lifted: the key itself is refused
     assert f"{huge / 'exercise.json'}: scores: " in err and "inf or NaN" in err, err
 
 

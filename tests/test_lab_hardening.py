@@ -98,6 +98,7 @@ def test_unknown_methods_long_paths_and_big_headers_get_json(server):
     (b'\xff\xfe{\x00}\x00', "UTF-16"),
     (b'{"\\n": 9223372036854775808}', '["\\n"]: integer too large'),              # a key with a line break
     (b'{"source": "x", "a\\tb": {"c": 99999999999999999999}}', '["a\\tb"].c: integer too large'),
+    (b'{"source": "\xe6\x88\x91", "source": "x"}', "key 'source' appears twice"),     # once: the last, silently
 ])
 def test_hostile_json_gets_400_not_a_dropped_connection(server, body, words):
     status, _, raw = request(server, "POST", "/api/sentence", body)

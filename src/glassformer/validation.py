@@ -12,7 +12,8 @@ and whose `.field` is the path alone (`self_attention.heads[0].w_q[1][2]`), so t
 {"error": ..., "field": ...} and the CLI can print the line and exit 2 without parsing messages.
 
 `load_json(raw, source)` reads JSON the same way: not UTF-8 (or UTF-16), invalid, nested too
-deep, an integer too long, a lone surrogate or NaN each become one line, never a traceback.
+deep, an integer too long, a lone surrogate, a key named twice in one object or NaN each become one line,
+never a traceback.
 """
 
 from __future__ import annotations
@@ -233,19 +234,35 @@ def _has_surrogate(text: str) -> bool:
     return False
 
 
+class _DuplicateKey(Exception):
+    """A JSON object that names one key twice (Python's reader would keep the last silently)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        raise _DuplicateKey(next(key for key, _ in pairs if key in seen or seen.add(key)))
+    return value
+
+
 def load_json(raw: bytes | str, source: str, *, max_depth: int = MAX_JSON_DEPTH,
               error_type: type[UsageError] = UsageError) -> Any:
     """Parse JSON from bytes or text into plain Python values; anything wrong is one `error_type` line.
 
     Encoding (UTF-8 only), syntax (line and column), nesting deeper than `max_depth`, integers of more
-    than 64 bits and lone surrogates are all refused with the source named. NaN and Infinity are read
-    as floats so that the schema refuses them naming the field (every Schema refuses non-finite numbers).
+    than 64 bits, lone surrogates and a key named twice in one object are all refused with the source named.
+    NaN and Infinity are read as floats so that the schema refuses them naming the field (every Schema refuses
+    non-finite numbers).
     """
     text = decode_text(raw, source, error_type=error_type) if isinstance(raw, (bytes, bytearray)) else raw
     if not text.strip():
         raise error_type(f"{source}: empty; expected a JSON document")
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as error:
+        raise error_type(f"{source}: key {error.args[0]!r} appears twice in one object (which to take is "
+                         "ambiguous)", str(error.args[0])) from None
     except json.JSONDecodeError as error:
         raise error_type(f"{source}: invalid JSON at line {error.lineno} column {error.colno}: {error.msg}") from None
     except RecursionError:

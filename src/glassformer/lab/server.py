@@ -15,7 +15,7 @@ Hardening, in the order a request meets it:
 - a POST must be application/json (415), with a Content-Length (411) of at most MAX_BODY bytes,
   judged before the body is read (413), from the page's own origin (403); the body is read by
   glassformer.validation.load_json (400 for bad encoding, syntax, nesting, huge integers, lone
-  surrogates);
+  surrogates, a key named twice in one object);
 - the work itself runs in a worker thread: the model's work and the claims in WORKERS threads, the page's
   files and the light GETs (QUICK_ROUTES) in QUICK_WORKERS threads of their own, so /api/info and the
   page answer while every model thread waits; a request whose client has gone is dropped before its work

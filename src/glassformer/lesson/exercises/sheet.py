@@ -132,6 +132,8 @@ def from_spec(doc: Any, where: str) -> Sheet:
         spec = validate_spec(doc)
     except SpecError as error:
         raise NotASheet(f"{where}: not a sheet: {error}", error.field) from None
+    except limits.LimitError as error:                                  # the file named, as for MAX_SHEET_*
+        raise limits.LimitError(f"{where}: {error}", error.field) from None
     sheet = Sheet(doc=doc, spec=spec)
     _check_sheet_sizes(sheet, where)
     return sheet
