@@ -59,10 +59,9 @@ class KVCache:
         end = self.length + new
         for buffers in (self.k, self.v):
             for attention, t in buffers.items():
-                if end > t.size(2):
-                    grown = t.new_zeros(*t.shape[:2], max(t.size(2) + GROW, end), t.size(3))
-                    grown[:, :, :t.size(2)] = t
-                    buffers[attention] = grown
+                if end > t.size(2):                                 # each number written once: t, then zeros
+                    more = t.new_zeros(*t.shape[:2], max(GROW, end - t.size(2)), t.size(3))
+                    buffers[attention] = torch.cat([t, more], dim=2)
 
     def update(self, attention: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Write this step's rows k, v (batch, heads, new, d) at positions `at`; return the whole buffers
