@@ -392,3 +392,23 @@ def test_auto_stays_within_the_pass_budget(trained, monkeypatch):
     monkeypatch.setattr(limits, "MAX_ATTRIBUTION_PASSES", rows * integrated.START_STEPS)
     with pytest.raises(limits.LimitError, match="MAX_ATTRIBUTION_PASSES"):
         why(t.model, t.source, t.target, LESSON, TARGET, "integrated-gradients", lens=False)
+
+
+def test_a_long_sentence_gets_fewer_passes_by_its_positions(trained, monkeypatch):
+    """A pass's time grows with the sentence (a 127-piece pair once ran 8,192 passes, ~100 s): auto's budget is
+    MAX_ATTRIBUTION_POSITIONS / (source + target positions) passes when that is below MAX_ATTRIBUTION_PASSES, and a
+    request whose first count is over it is refused before anything runs."""
+    _, t = trained
+    rows = len(t.target.encode(TARGET)) + 1
+    first = why(t.model, t.source, t.target, LESSON, TARGET, "saliency", lens=False)
+    positions = len(first["rows"][0]["source"]) + len(first["details"]["inputs"])     # source + target inputs
+    budget = rows * (integrated.START_STEPS + 1) + 40                  # passes: the first count and a little more
+    monkeypatch.setattr(limits, "MAX_ATTRIBUTION_POSITIONS", budget * positions)
+    out = why(t.model, t.source, t.target, LESSON, TARGET, "integrated-gradients", steps="auto", tolerance=1e-6,
+              lens=False)
+    assert rows * (integrated.START_STEPS + 1) <= sum(r["passes"] for r in out["rows"]) <= budget
+    assert out["integration"]["unconverged"]
+    monkeypatch.setattr(limits, "MAX_ATTRIBUTION_POSITIONS", rows * (integrated.START_STEPS + 1) * positions - 1)
+    with pytest.raises(limits.LimitError, match="MAX_ATTRIBUTION_POSITIONS") as info:
+        why(t.model, t.source, t.target, LESSON, TARGET, "integrated-gradients", lens=False)
+    assert info.value.field == "steps" and f"× {positions} positions" in str(info.value)

@@ -565,3 +565,19 @@ def test_speed_of_a_default_sized_model(tmp_path):
     print(f"\nengine, default shape: load {out['load_ms']:.0f} ms, greedy 12 steps {greedy_ms:.0f} ms, "
           f"beam 4 {beam_ms:.0f} ms, patching table {table_ms:.0f} ms")
     assert len(out["results"][0]["result"]["ids"]) == 12
+
+
+def test_the_pages_limits_are_glassformer_limits():
+    """The page checks a trace spec and an attribution as the CLI and the server do: the same numbers."""
+    script = (f"const t = await import('{(ENGINE / 'trace.js').as_uri()}'); "
+              f"const a = await import('{(ENGINE / 'attribute.js').as_uri()}'); "
+              "console.log(JSON.stringify({trace: t.TRACE_LIMITS, attribution: a.ATTRIBUTION_LIMITS}));")
+    page = json.loads(subprocess.run([NODE, "--input-type=module", "-e", script], capture_output=True, text=True,
+                                     check=True, timeout=60).stdout)
+    from glassformer import limits
+    assert page["trace"] == {"rows": limits.MAX_SPEC_ROWS, "width": limits.MAX_SPEC_WIDTH,
+                             "heads": limits.MAX_SPEC_HEADS, "elements": limits.MAX_MATRIX_ELEMENTS,
+                             "magnitude": limits.MAX_SPEC_MAGNITUDE}
+    assert page["attribution"] == {name: getattr(limits, name) for name in page["attribution"]}
+    assert set(page["attribution"]) == {"MAX_IG_STEPS", "MAX_ATTRIBUTION_PASSES", "MAX_ATTRIBUTION_POSITIONS",
+                                        "MAX_IG_AUTO_STEPS"}

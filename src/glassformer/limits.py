@@ -61,6 +61,7 @@ MAX_LINE_CHARS = 100_000             # characters of one input line of `translat
 # ---- attribution (`attribute`, POST /api/attribute) ------------------------------------------
 MAX_IG_STEPS = 256                   # integrated-gradients steps (Gauss–Legendre nodes) per row
 MAX_ATTRIBUTION_PASSES = 8192        # sentence copies one request runs forward and backward (rows × steps)
+MAX_ATTRIBUTION_POSITIONS = 1 << 20  # passes × (source + target positions): a long sentence, fewer passes
 MAX_IG_AUTO_STEPS = 1024             # steps `--steps auto` may double a row to (within MAX_ATTRIBUTION_PASSES)
 
 # ---- word alignment (`align --gold`) ----------------------------------------------------------

@@ -143,6 +143,21 @@ test("attribution on a toy: completeness within the tolerance at auto, bad optio
   }
   assert.throws(() => engine.attributeReport(t.model, { ...sentence, contrast: "a", contrastToken: 4 }, { method: "attention" }),
     (e) => e.field === "contrast");
+  // MAX_ATTRIBUTION_POSITIONS, as attribution.py: passes × (source + target positions); auto's budget shrinks with it
+  const limits = engine.ATTRIBUTION_LIMITS, saved = limits.MAX_ATTRIBUTION_POSITIONS;
+  const rows = pair.labels.length, positions = pair.src.length + pair.tgtIn.length, first = rows * 17;
+  try {
+    limits.MAX_ATTRIBUTION_POSITIONS = first * positions - 1;
+    assert.throws(() => engine.attributeReport(t.model, sentence, {}),
+      (e) => e.field === "steps" && e.message.includes(`× ${positions} positions`) && /MAX_ATTRIBUTION_POSITIONS/.test(e.message));
+    limits.MAX_ATTRIBUTION_POSITIONS = (first + 10) * positions;
+    const capped = engine.attributeReport(t.model, sentence, { tolerance: 1e-9 });
+    const passes = capped.rows.reduce((total, row) => total + row.passes, 0);
+    assert.ok(passes >= first && passes <= first + 10, String(passes));
+    assert.ok(capped.integration.unconverged.length > 0);
+  } finally {
+    limits.MAX_ATTRIBUTION_POSITIONS = saved;
+  }
 });
 
 test("integrated gradients at one trapezoid step: half the gradient at the baseline, half at the input", () => {

@@ -98,11 +98,20 @@ def check_steps(steps, field: str = "steps") -> None:
     limits.check(f"{field}: integrated-gradients steps", steps, "MAX_IG_STEPS", field)
 
 
-def check_passes(rows: int, steps, rule: str = DEFAULT_RULE, field: str = "steps") -> None:
-    """rows × the passes of one row (auto: of its first count) within MAX_ATTRIBUTION_PASSES."""
+def check_passes(rows: int, steps, rule: str = DEFAULT_RULE, field: str = "steps", positions: int = 0) -> None:
+    """rows × the passes of one row (auto: of its first count) within MAX_ATTRIBUTION_PASSES and, times the
+    sentence's `positions` (source + target, where known), within MAX_ATTRIBUTION_POSITIONS."""
     first = integrated.START_STEPS if steps == AUTO else steps
-    limits.check("rows × integrated-gradients passes", rows * integrated.passes_per_row(rule, first),
-                 "MAX_ATTRIBUTION_PASSES", field)
+    passes = rows * integrated.passes_per_row(rule, first)
+    limits.check("rows × integrated-gradients passes", passes, "MAX_ATTRIBUTION_PASSES", field)
+    limits.check(f"rows × integrated-gradients passes × {positions} positions", passes * positions,
+                 "MAX_ATTRIBUTION_POSITIONS", field)
+
+
+def pass_budget(positions: int) -> int:
+    """The passes one attribution of a sentence of `positions` (source + target) may run: MAX_ATTRIBUTION_PASSES,
+    fewer for a long sentence (MAX_ATTRIBUTION_POSITIONS: a pass's time grows with its positions)."""
+    return min(limits.MAX_ATTRIBUTION_PASSES, limits.MAX_ATTRIBUTION_POSITIONS // max(positions, 1))
 
 
 def baseline_name(model) -> str:
@@ -154,14 +163,14 @@ def gradient_attribution(model, src: Tensor, tgt_in: Tensor, rows: list[int], to
         value, _ = _values(model, src, tgt_in, src_pad, x, None, rows, tokens, contrast)
         return Attribution(source[:, 0].cpu(), prefix[:, 0].cpu(), value.cpu(), None)
     check_steps(steps)
-    check_passes(len(rows), steps, rule)
+    check_passes(len(rows), steps, rule, positions=src.size(1) + tgt_in.size(1))
     b = baseline_embeddings(model, src, tgt_in)
     path = Path(model, src, tgt_in, src_pad, x, b, *ids)
     value, baseline = _values(model, src, tgt_in, src_pad, x, b, rows, tokens, contrast)
     delta = (value - baseline).cpu()
     if steps == AUTO:
         lifted = len(rows) * 2 * (limits.MAX_IG_AUTO_STEPS + 1)            # --no-limits: auto's own bound
-        budget = limits.MAX_ATTRIBUTION_PASSES if limits.enforced() else lifted
+        budget = pass_budget(src.size(1) + tgt_in.size(1)) if limits.enforced() else lifted
         out = integrated.auto(path, delta, rule, tolerance, budget, torch.tensor(group) if group else None)
     else:
         out = integrated.fixed(path, steps, rule)

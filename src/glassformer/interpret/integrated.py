@@ -19,7 +19,7 @@ Rules (docs/attribution.md has the error per forward pass on a trained model):
 - "gauss-legendre": `steps` Gauss–Legendre nodes on (0, 1); not nested, each count runs afresh.
 
 Auto steps: start at START_STEPS, double until every row's error is within the tolerance, or until the
-next count would pass MAX_IG_AUTO_STEPS or the pass budget (MAX_ATTRIBUTION_PASSES); a row that converged
+next count would pass MAX_IG_AUTO_STEPS or the pass budget (attribution.pass_budget); a row that converged
 keeps its scores and is not run again. A word of several pieces converges as one (its pieces' sums).
 """
 

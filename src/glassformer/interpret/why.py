@@ -169,7 +169,7 @@ def why(model, source, target, sentence: str = DEFAULT_CLEAN, target_text: str |
     labels, tgt_in = s["labels"], s["tgt_in"]
     n = len(labels)
     if integrating:
-        check_passes(n, steps, rule)
+        check_passes(n, steps, rule, positions=s["src"].size(1) + tgt_in.size(1))
     else:
         limits.check("rows × passes", n, "MAX_ATTRIBUTION_PASSES", "steps")     # one pass per row
     sp = special_ids(model)
@@ -231,7 +231,8 @@ def unconverged_line(result: dict[str, Any]) -> str | None:
     over = [f"row {r['position']} {r['token']} {100 * r['error']:.2f} % at {r['steps']} steps" for r in result["rows"]
             if r["error"] > spec["tolerance"]]
     bound = (f" (auto stops at MAX_IG_AUTO_STEPS {limits.MAX_IG_AUTO_STEPS} or MAX_ATTRIBUTION_PASSES "
-             f"{limits.MAX_ATTRIBUTION_PASSES})" if spec["steps"] == AUTO else "")
+             f"{limits.MAX_ATTRIBUTION_PASSES}, fewer by MAX_ATTRIBUTION_POSITIONS for a long sentence)"
+             if spec["steps"] == AUTO else "")
     return f"integrated gradients: not complete within {100 * spec['tolerance']:g} %{bound}: " + "; ".join(over)
 
 

@@ -4,7 +4,8 @@ The body is checked by a pydantic schema (glassformer.validation); the work of o
 before it runs: the sentence lengths (MAX_SOURCE_CHARS, MAX_TARGET_CHARS, MAX_SENTENCE_TOKENS, the
 model's max_len), the integrated-gradients steps (an integer up to MAX_IG_STEPS, or "auto": doubled until
 every row is complete within `tolerance`, in (0, 1), up to MAX_IG_AUTO_STEPS) and the passes of all rows
-(MAX_ATTRIBUTION_PASSES; auto stops before it). Rows over the tolerance come back in `integration.unconverged`.
+(MAX_ATTRIBUTION_PASSES, and times the sentence's positions MAX_ATTRIBUTION_POSITIONS; auto stops before
+them). Rows over the tolerance come back in `integration.unconverged`.
 The method is one of interpret.attribution.METHODS; attention and alti do not depend on the predicted token, so
 the contrast is dropped for them. Every row carries its `source_share`. Bad input is a UsageError, status 400
 (413 over a limit), naming the field. Gradients are needed, so the model runs under the API's lock with autograd

@@ -27,8 +27,9 @@ export const DEFAULT_RULE = "trapezoid";
 export const DEFAULT_TOLERANCE = 0.01;          // 1 %
 export const DELTA_FLOOR = 1e-2;                // nats: below this |delta| the error is absolute
 export const START_STEPS = 16;                  // auto: the first steps, doubled from there
-// glassformer.limits: MAX_IG_STEPS, MAX_ATTRIBUTION_PASSES, MAX_IG_AUTO_STEPS
-export const ATTRIBUTION_LIMITS = { MAX_IG_STEPS: 256, MAX_ATTRIBUTION_PASSES: 8192, MAX_IG_AUTO_STEPS: 1024 };
+// glassformer.limits: MAX_IG_STEPS, MAX_ATTRIBUTION_PASSES, MAX_ATTRIBUTION_POSITIONS, MAX_IG_AUTO_STEPS
+export const ATTRIBUTION_LIMITS = { MAX_IG_STEPS: 256, MAX_ATTRIBUTION_PASSES: 8192, MAX_ATTRIBUTION_POSITIONS: 1048576,
+  MAX_IG_AUTO_STEPS: 1024 };
 
 function usage(field, message) {
   const error = new Error(`${field}: ${message}`);
@@ -61,13 +62,26 @@ function passesPerRow(rule, steps) {
   return rule === "trapezoid" ? steps + 1 : steps;
 }
 
-function checkPasses(rows, steps, rule) {
+// attribution.py `check_passes`: rows × the passes of a row (auto: its first count), and times the sentence's
+// positions (source + target), within the limits
+function checkPasses(rows, steps, rule, positions) {
   const first = steps === AUTO_STEPS ? START_STEPS : steps;
   const passes = rows * passesPerRow(rule, first);
   if (passes > ATTRIBUTION_LIMITS.MAX_ATTRIBUTION_PASSES) {
-    throw usage("steps", `rows × integrated-gradients passes is ${passes}; the limit is ` +
-                `${ATTRIBUTION_LIMITS.MAX_ATTRIBUTION_PASSES} (MAX_ATTRIBUTION_PASSES)`);
+    throw usage("steps", `rows × integrated-gradients passes is ${passes.toLocaleString("en-US")}; the limit is ` +
+                `${ATTRIBUTION_LIMITS.MAX_ATTRIBUTION_PASSES.toLocaleString("en-US")} (MAX_ATTRIBUTION_PASSES)`);
   }
+  if (passes * positions > ATTRIBUTION_LIMITS.MAX_ATTRIBUTION_POSITIONS) {
+    throw usage("steps", `rows × integrated-gradients passes × ${positions} positions is ` +
+                `${(passes * positions).toLocaleString("en-US")}; the limit is ` +
+                `${ATTRIBUTION_LIMITS.MAX_ATTRIBUTION_POSITIONS.toLocaleString("en-US")} (MAX_ATTRIBUTION_POSITIONS)`);
+  }
+}
+
+// attribution.py `pass_budget`: the passes auto may run on a sentence of `positions` (fewer for a long one)
+export function passBudget(positions) {
+  return Math.min(ATTRIBUTION_LIMITS.MAX_ATTRIBUTION_PASSES,
+    Math.floor(ATTRIBUTION_LIMITS.MAX_ATTRIBUTION_POSITIONS / Math.max(positions, 1)));
 }
 
 // ---- quadrature rules (integrated.py) -------------------------------------------------------------------
@@ -240,7 +254,7 @@ export function* attributionRows(model, srcIds, tgtInIds, rows, tokens, opts = {
       baseline: null, error: null, steps: null, passes: null };
   }
   checkSteps(steps);
-  checkPasses(rows.length, steps, rule);
+  checkPasses(rows.length, steps, rule, srcIds.length + tgtInIds.length);
   path.b = baselineEmbeddings(model, srcIds.length, tgtInIds.length);
   const value = values(model, path, path.x), baseline = values(model, path, path.b);
   const delta = value.map((v, r) => v - baseline[r]);
@@ -266,7 +280,7 @@ function* fixedSteps(model, path, steps, rule) {
 function* autoSteps(model, path, delta, rule, tolerance, group) {
   const rows = path.rows.length, S = path.x[0].rows, T = path.x[1].rows;
   group = group || path.rows.map((_, r) => r);
-  const budget = ATTRIBUTION_LIMITS.MAX_ATTRIBUTION_PASSES;
+  const budget = passBudget(S + T);
   const source = Array.from({ length: rows }, () => new Float64Array(S));
   const prefix = Array.from({ length: rows }, () => new Float64Array(T));
   const steps = new Array(rows).fill(0), passes = new Array(rows).fill(0);
@@ -386,7 +400,7 @@ export function* attributeReportScan(model, sentence, opts = {}) {
     checkRule(rule);
   }
   const n = targetIds.length;
-  if (integrating) checkPasses(n, steps, rule);
+  if (integrating) checkPasses(n, steps, rule, srcIds.length + tgtInIds.length);
   else if (n > ATTRIBUTION_LIMITS.MAX_ATTRIBUTION_PASSES) {
     throw usage("steps", `rows × passes is ${n}; the limit is ${ATTRIBUTION_LIMITS.MAX_ATTRIBUTION_PASSES} (MAX_ATTRIBUTION_PASSES)`);
   }
