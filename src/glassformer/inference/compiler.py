@@ -282,8 +282,8 @@ def prepacks(model: Transformer, threads: int, folder: Path) -> bool:
 
 
 def _machine(threads: int) -> dict:
-    return {"torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(),
-            "machine": platform.machine(), "threads": threads}
+    return {"torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(), "machine": platform.machine(),
+            "threads": threads, "profiled": os.environ.get("TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE") == "1"}
 
 
 def package_name(program: torch.export.ExportedProgram, configs: dict) -> str:
