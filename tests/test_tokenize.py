@@ -102,6 +102,79 @@ def test_segmenter_agreement_with_corpus(corpus: CorpusSplits, src: SourceTokeni
     assert sum(u not in src.vocab for p in corpus.test for u in src.segment(p.zh)) == 136
 
 
+def _reference_segmenter(src: SourceTokenizer):
+    """The source segmentation written plainly (the spec the fast one must equal, units for units): punctuation
+    normalised character by character, each character classed by its own calls, every word of length 1..max_len
+    ending at each position tried (jieba's dynamic programming, ties to the longer last word)."""
+    import math
+    import re
+    import unicodedata
+
+    def han(ch):
+        c = ord(ch)
+        return 0x4E00 <= c <= 0x9FFF or 0x3400 <= c <= 0x4DBF or 0xF900 <= c <= 0xFAFF or 0x20000 <= c <= 0x323AF
+
+    marks = {",": "，", "!": "！", "?": "？", ";": "；", ":": "：", "(": "（", ")": "）"}
+    words = {w: src.vocab.counts.get(w, 1) for w in src.vocab.tokens[4:] if all(han(c) for c in w)}
+    total = sum(words.values()) or 1
+    logp, unknown, longest = {w: math.log(c / total) for w, c in words.items()}, math.log(0.5 / total), \
+        max(map(len, words), default=1)
+
+    def cut(run):
+        best = [(0.0, 0)] + [(-math.inf, 1)] * len(run)
+        for end in range(1, len(run) + 1):
+            for n in range(1, min(longest, end) + 1):
+                lp = logp.get(run[end - n:end], unknown if n == 1 else None)
+                if lp is not None and best[end - n][0] + lp >= best[end][0]:
+                    best[end] = (best[end - n][0] + lp, n)
+        out, end = [], len(run)
+        while end:
+            out.append(run[end - best[end][1]:end])
+            end -= best[end][1]
+        return out[::-1]
+
+    def kind(ch):
+        if unicodedata.category(ch) in ("Cc", "Cf") or "\ufe00" <= ch <= "\ufe0f" or ch.isspace():
+            return "gap"
+        return "punct" if unicodedata.category(ch)[0] in "PS" else "han" if han(ch) else "other"
+
+    def units(text: str) -> list[str]:
+        text = text.strip()
+        text = "".join(marks.get(c, c) for c in ("。" if ch == "." and i and han(text[i - 1]) else ch
+                                                 for i, ch in enumerate(text)))
+        typed, out = re.search(r"[／/\s]+", text) is not None, []
+        for piece in re.split(r"[／/\s]+", text) if typed else [text]:
+            runs, prev, buf = [], "", ""
+            for ch in piece:
+                k = kind(ch)
+                if (k != prev or k == "punct") and buf:
+                    runs.append((buf, prev == "han"))
+                buf = "" if k != prev or k == "punct" else buf
+                buf += ch if k != "gap" else ""
+                prev = k
+            runs += [(buf, prev == "han")] if buf else []
+            out += [u for run, h in runs for u in (cut(run) if h and not (typed and run in src.vocab) else [run])]
+        return out
+
+    return units
+
+
+def test_the_segmenter_equals_its_plain_statement(corpus: CorpusSplits, src: SourceTokenizer) -> None:
+    """The fast paths (a character's class looked up once, words tried until a piece ends none, punctuation by a
+    table) cut every HSK sentence and thousands of made-up strings as the plain algorithm does: known words, unknown
+    characters, typed separators, ASCII and full-width marks, '.' after Han and after Latin, emoji, joiners, digits."""
+    import random
+
+    rng = random.Random(7)
+    words = [w for w in src.vocab.tokens[4:] if len(w) > 1][:3000]
+    pieces = words + list("我昨天给了他一本书龘鑫犇。，.,!?;:()（）「」/／ 　\u200d\ufe0f\u0007abcXYZ0123４５😀€$%-")
+    texts = [p.zh for p in corpus.train + corpus.dev + corpus.test]
+    texts += ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 30))) for _ in range(3000)]
+    reference = _reference_segmenter(src)
+    differ = [t for t in texts if src.segment(t) != reference(t)]
+    assert differ == [], differ[:5]
+
+
 def test_other_modes(src: SourceTokenizer) -> None:
     char = SourceTokenizer(src.vocab, "char")
     assert char.segment("我昨天。") == ["我", "昨", "天", "。"]

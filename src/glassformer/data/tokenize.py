@@ -11,6 +11,7 @@ Both sides share the special ids PAD=0, BOS=1, EOS=2, UNK=3 and serialise to JSO
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import string
@@ -29,6 +30,7 @@ SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<s>", "</s>", "<unk>")
 _SEPARATORS = re.compile(r"[／/\s]+")
 # ASCII sentence punctuation mapped to the full-width forms the corpus uses (only for these marks).
 _ASCII_TO_FULLWIDTH = {",": "，", "!": "！", "?": "？", ";": "；", ":": "：", "(": "（", ")": "）"}
+_FULLWIDTH = str.maketrans(_ASCII_TO_FULLWIDTH)
 
 
 # --------------------------------------------------------------------------- character classes
@@ -46,17 +48,24 @@ def is_han(ch: str) -> bool:
 
 def normalize_punct(text: str) -> str:
     """Map ASCII , ! ? ; : ( ) to full-width, and '.' after a Han character to '。' (the corpus forms)."""
-    out = []
-    for i, ch in enumerate(text):
-        if ch == "." and i > 0 and is_han(text[i - 1]):
-            ch = "。"
-        out.append(_ASCII_TO_FULLWIDTH.get(ch, ch))
-    return "".join(out)
+    if "." in text:
+        text = "".join("。" if ch == "." and i > 0 and is_han(text[i - 1]) else ch for i, ch in enumerate(text))
+    return text.translate(_FULLWIDTH)
 
 
 def _is_dropped(ch: str) -> bool:
     """Control/format characters (zero-width joiner) and emoji variation selectors carry no unit."""
     return unicodedata.category(ch) in ("Cc", "Cf") or "\ufe00" <= ch <= "\ufe0f"
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _kind(ch: str) -> str:
+    """A character's class in `split_runs`: "gap" (dropped or space), "punct", "han" or "other" (looked up once)."""
+    if _is_dropped(ch) or ch.isspace():
+        return "gap"
+    if is_punct(ch):
+        return "punct"
+    return "han" if is_han(ch) else "other"
 
 
 def split_runs(text: str) -> list[tuple[str, bool]]:
@@ -67,12 +76,7 @@ def split_runs(text: str) -> list[tuple[str, bool]]:
     runs: list[tuple[str, bool]] = []
     kind_prev, buf = "", ""
     for ch in text:
-        if _is_dropped(ch) or ch.isspace():
-            kind = "gap"
-        elif is_punct(ch):
-            kind = "punct"
-        else:
-            kind = "han" if is_han(ch) else "other"
+        kind = _kind(ch)
         if kind != kind_prev or kind == "punct":
             if buf:
                 runs.append((buf, kind_prev == "han"))
@@ -92,35 +96,40 @@ def log_probs(counts: dict[str, int]) -> tuple[dict[str, float], float]:
     return {w: math.log(c / total) for w, c in counts.items()}, math.log(0.5 / total)
 
 
+def word_ends(words: Iterable[str]) -> set[str]:
+    """Every ending of every word ("昨天" -> "昨天", "天"): a piece that is none ends no word, nor does any longer piece
+    that ends with it."""
+    return {w[i:] for w in words for i in range(len(w))}
+
+
 def segment_unigram(run: str, counts: dict[str, int], max_len: int,
-                    scores: tuple[dict[str, float], float] | None = None) -> list[str]:
+                    scores: tuple[dict[str, float], float] | None = None, ends: set[str] | None = None) -> list[str]:
     """Most probable split of ``run`` into known words (word probability = training frequency).
 
     This is jieba's algorithm restricted to the training vocabulary, done as dynamic programming.
     A character covered by no known word becomes a single-character unit with a below-any-word score.
     Of equally probable splits the one whose last word is longest wins (at every end position), as in the
     `tokenizers` library's Unigram Viterbi, so an exported source_tokenizer.json cuts the same way.
-    ``scores`` is ``log_probs(counts)``, passed in when many runs are cut over the same counts.
+    ``scores`` is ``log_probs(counts)`` and ``ends`` is ``word_ends(counts)``, passed in when many runs are cut
+    over the same counts; the words ending at a position are tried shortest first, until a piece ends no word.
     """
     logps, unknown_logp = scores or log_probs(counts)
-    best: list[tuple[float, int]] = [(0.0, 0)] + [(-math.inf, 1)] * len(run)  # (score, last word length)
+    ends = word_ends(counts) if ends is None else ends
+    best = [0.0] + [-math.inf] * len(run)           # the best score of the run's first `end` characters
+    last = [0] + [1] * len(run)                     # the length of its last word
     for end in range(1, len(run) + 1):
         for length in range(1, min(max_len, end) + 1):
             word = run[end - length:end]
-            logp = logps.get(word)
-            if logp is None:
-                if length > 1:
-                    continue
-                logp = unknown_logp
-            score = best[end - length][0] + logp
-            if score >= best[end][0]:                                     # ties: the longer word
-                best[end] = (score, length)
+            logp = logps.get(word, unknown_logp if length == 1 else None)     # an unknown character: a unit
+            if logp is not None and best[end - length] + logp >= best[end]:  # ties: the longer word
+                best[end], last[end] = best[end - length] + logp, length
+            if word not in ends:                                          # no longer word ends here either
+                break
     units: list[str] = []
     end = len(run)
     while end > 0:
-        length = best[end][1]
-        units.append(run[end - length:end])
-        end -= length
+        units.append(run[end - last[end]:end])
+        end -= last[end]
     return units[::-1]
 
 
@@ -233,7 +242,7 @@ class SourceTokenizer:
         self._words = {w: self.vocab.counts.get(w, 1) for w in vocab.tokens[len(SPECIAL_TOKENS):]
                        if all(is_han(ch) for ch in w)}
         self._max_len = max(map(len, self._words), default=1)
-        self._scores = log_probs(self._words)
+        self._scores, self._ends = log_probs(self._words), word_ends(self._words)
 
     @classmethod
     def train(cls, unit_sequences: Iterable[Sequence[str]], mode: str = DEFAULT_MODE,
@@ -256,7 +265,7 @@ class SourceTokenizer:
             return segment_fmm(run, self._words, self._max_len)
         if self.mode == "bmm":
             return segment_bmm(run, self._words, self._max_len)
-        return segment_unigram(run, self._words, self._max_len, self._scores)
+        return segment_unigram(run, self._words, self._max_len, self._scores, self._ends)
 
     @property
     def word_counts(self) -> dict[str, int]:
