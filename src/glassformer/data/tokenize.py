@@ -61,11 +61,7 @@ def _is_dropped(ch: str) -> bool:
 @functools.lru_cache(maxsize=1 << 16)
 def _kind(ch: str) -> str:
     """A character's class in `split_runs`: "gap" (dropped or space), "punct", "han" or "other" (looked up once)."""
-    if _is_dropped(ch) or ch.isspace():
-        return "gap"
-    if is_punct(ch):
-        return "punct"
-    return "han" if is_han(ch) else "other"
+    return "gap" if _is_dropped(ch) or ch.isspace() else "punct" if is_punct(ch) else "han" if is_han(ch) else "other"
 
 
 def split_runs(text: str) -> list[tuple[str, bool]]:
@@ -97,8 +93,7 @@ def log_probs(counts: dict[str, int]) -> tuple[dict[str, float], float]:
 
 
 def word_ends(words: Iterable[str]) -> set[str]:
-    """Every ending of every word ("昨天" -> "昨天", "天"): a piece that is none ends no word, nor does any longer piece
-    that ends with it."""
+    """Every ending of every word ("昨天": "昨天", "天"): past a piece that is none, no longer piece ends a word."""
     return {w[i:] for w in words for i in range(len(w))}
 
 
