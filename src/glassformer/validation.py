@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Annotated, Any, TypeVar
@@ -241,8 +242,7 @@ class _DuplicateKey(Exception):
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
     value = dict(pairs)
     if len(value) != len(pairs):
-        seen: set[str] = set()
-        raise _DuplicateKey(next(key for key, _ in pairs if key in seen or seen.add(key)))
+        raise _DuplicateKey(next(key for key, n in Counter(key for key, _ in pairs).items() if n > 1))
     return value
 
 

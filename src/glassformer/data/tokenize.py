@@ -116,8 +116,8 @@ def segment_unigram(run: str, counts: dict[str, int], max_len: int,
         for length in range(1, min(max_len, end) + 1):
             word = run[end - length:end]
             logp = logps.get(word, unknown_logp if length == 1 else None)     # an unknown character: a unit
-            if logp is not None and best[end - length] + logp >= best[end]:  # ties: the longer word
-                best[end], last[end] = best[end - length] + logp, length
+            if logp is not None and (score := best[end - length] + logp) >= best[end]:   # ties: the longer word
+                best[end], last[end] = score, length
             if word not in ends:                                          # no longer word ends here either
                 break
     units: list[str] = []

@@ -145,9 +145,9 @@ def _finite(a: np.ndarray, path: str) -> np.ndarray:
     """`a` when no number is beyond ±MAX_SPEC_MAGNITUDE: within it, within the size limits, no intermediate of a
     block overflows float64 (the largest, a layer norm's sum of squares, is below (width · magnitude)^6 < 1e89), so
     the model and the float64 reference agree and `null` means a masked or 0/0 number only."""
-    bound = limits.MAX_SPEC_MAGNITUDE
-    if a.size and limits.enforced() and np.abs(a).max() > bound:
-        at = np.unravel_index(int(np.abs(a).argmax()), a.shape)
+    bound, magnitude = limits.MAX_SPEC_MAGNITUDE, np.abs(a)
+    if a.size and limits.enforced() and magnitude.max() > bound:
+        at = np.unravel_index(int(magnitude.argmax()), a.shape)
         where = path + "".join(f"[{i}]" for i in at)
         number = np.format_float_scientific(a[at], trim="-")            # as the page's engine writes it
         raise limits.LimitError(f"{where}: {number} is beyond ±{bound:g} (MAX_SPEC_MAGNITUDE)", where)
