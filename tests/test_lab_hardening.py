@@ -423,6 +423,31 @@ def test_binding_elsewhere_warns(tmp_path):
     assert "warning" in first and code == 0, (first, code, signal.getsignal(signal.SIGINT), proc.stderr.read()[-2000:])
 
 
+def test_a_ctrl_c_before_the_server_runs_stops_it(monkeypatch, tmp_path):
+    """A Ctrl-C that lands after the lab has printed its address but before uvicorn has its own handlers asks the
+    server to stop instead of raising KeyboardInterrupt, which Python drops when it lands in a callback (once under a
+    loaded suite: the lab served on, deaf to it, until killed after 60 s)."""
+    from glassformer.cli import main
+    from glassformer.lab.server import LabServer
+
+    real, raised = LabServer.serve_forever, []
+
+    def interrupted(self):
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            raised.append(True)
+            raise
+        real(self)                                      # asked to stop already: starts, then stops at once
+
+    monkeypatch.setattr(LabServer, "serve_forever", interrupted)
+    monkeypatch.chdir(tmp_path)
+    started = time.perf_counter()
+    assert main(["lab", "--port", "0", "--no-browser"]) == 0
+    assert raised == [] and time.perf_counter() - started < 30
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler           # the caller's handler back
+
+
 # ---- generated junk --------------------------------------------------------------------------
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=20),

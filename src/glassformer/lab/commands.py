@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import webbrowser
 
 import torch
@@ -51,7 +53,12 @@ def lab_command(args: argparse.Namespace) -> int:
     except OSError as error:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {error.strerror}") from None
     label = api.describe(model)["label"]["en"]
-    try:                                              # Ctrl-C from here on is a normal stop (exit 0)
+    # Ctrl-C from here on is a normal stop (exit 0). Before uvicorn has its own handlers it asks the server to stop
+    # rather than raising KeyboardInterrupt, which Python drops when it lands in a callback (an import's lock
+    # clean-up): the lab then served on, deaf to that Ctrl-C.
+    own = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, server.stop_soon) if own else None
+    try:
         print(f"glassformer lab: {server.url}  (model: {label})", flush=True)
         if not is_loopback(args.host):
             print(f"warning: the lab listens on {args.host}, not only on this machine: anyone who can reach "
@@ -63,5 +70,7 @@ def lab_command(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        if own:
+            signal.signal(signal.SIGINT, previous)
         server.server_close()
     return 0

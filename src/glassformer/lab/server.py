@@ -350,9 +350,13 @@ class LabServer:
             self.app.quick.close()
             self._stopped.set()
 
+    def stop_soon(self, *_signal) -> None:
+        """Ask the server to stop, waiting for nothing (a SIGINT handler: before serving, it then stops at once)."""
+        self._uvicorn.should_exit = True
+
     def shutdown(self) -> None:
         """Stop serving (from another thread) and wait until the server has finished."""
-        self._uvicorn.should_exit = True
+        self.stop_soon()
         self._stopped.wait(timeout=10)
 
     def server_close(self) -> None:
