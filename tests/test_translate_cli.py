@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from glassformer import limits
 from glassformer.cli import main
 from glassformer.decoding import translator as translator_module
 from glassformer.decoding.translator import Translator
@@ -496,6 +497,110 @@ def test_a_helper_still_starting_is_not_waited_for(model_dir):
     assert here.translate(lines) == expected and helpers.taken() == [0] and helpers.started() == [False]
     here.close()
     assert time.monotonic() - began < 30 and not helpers.processes[0].is_alive()
+
+
+def _started_helper(model_dir):
+    """Workers of two processes whose helper loads the model from its folder (as a command's), once it has started."""
+    import time
+
+    from glassformer.decoding.commands import helper_translator
+    from glassformer.decoding.workers import Workers
+
+    helpers = Workers(functools.partial(helper_translator, str(model_dir), "cpu", "float32", "off", None), 2)
+    for _ in range(1200):
+        if helpers.started() == [True]:
+            return helpers
+        time.sleep(0.1)
+    helpers.close()
+    pytest.fail("the helper did not start in 120 s")
+
+
+LINES = ["我很好。", "你叫什么名字？", "谢谢你！", "我们明天去学校。", "他喜欢喝茶。", "这本书很好看。", "你好",
+         "我昨天给了他一本书。", "", "今天天气很好，我们去公园吧。", "我不知道。"]
+
+
+@pytest.mark.slow
+def test_a_last_job_ends_its_helper_once_it_has_replied(model_dir):
+    """A command's only job (`Translator.final`): the helper decodes its share, replies, lets go of its packages and
+    ends by itself (the command's close waited ~0.02 s for that), where after any other job it waits for the next;
+    the Translator's next job then starts a new helper, and every job gets the in-process lines."""
+    import time
+
+    expected = Translator.load(model_dir).translate(LINES)
+    there = Translator.load(model_dir)
+    there.batch_size, there.workers = 1, 2
+    helpers = _started_helper(model_dir)
+    there.use_workers(helpers)
+    decode = there.decode_batches                                               # this process slow: the helper
+    there.decode_batches = lambda batches, *a, **kw: decode((time.sleep(0.3) or b for b in batches), *a, **kw)
+    try:
+        assert there.translate(LINES) == expected and helpers.taken()[0] >= 1
+        helpers.processes[0].join(timeout=2)
+        assert helpers.processes[0].is_alive()                                  # waits for a next job
+        there.final = True
+        assert there.translate(LINES) == expected and helpers.taken()[0] >= 1
+        helpers.processes[0].join(timeout=60)
+        assert not helpers.processes[0].is_alive() and helpers.processes[0].exitcode == 0     # before any close
+        assert helpers.analyse(["你好"] * 4) is None                           # nothing more is asked of it
+        there.final = False
+        assert there.translate(LINES) == expected and there._workers is not helpers
+    finally:
+        there.close()
+
+
+@pytest.mark.slow
+def test_a_long_jobs_later_lines_are_segmented_by_a_ready_helper_too(model_dir, monkeypatch):
+    """From SHARED_ANALYSIS lines, with a helper started, the helper segments the later half while this process
+    segments the first, then the later lines CHUNK at a time until the helper's ids are there: the ids are those of
+    this process alone whether the answer comes before this process reaches the later half, in its middle, or never
+    (a helper still starting; fewer lines are segmented here when it comes); an over-long line is refused first,
+    named by its line, as without a helper."""
+    import time
+
+    from glassformer.decoding.workers import Workers
+
+    monkeypatch.setattr(translator_module, "SHARED_ANALYSIS", 8)
+    monkeypatch.setattr(translator_module, "CHUNK", 3)
+    texts = [f"{line}{n}" for n, line in enumerate(LINES * 4)]                 # 44 lines, each other
+    here = Translator.load(model_dir)
+    expected = here.check_lengths(here.analyse(texts))
+    there = Translator.load(model_dir)
+    calls, analyse, pause = [], there.source.analyse, [0.05]
+    monkeypatch.setattr(there.source, "analyse",
+                        lambda text, *a: calls.append(text) or time.sleep(pause[0]) or analyse(text, *a))
+    helpers = _started_helper(model_dir)
+    there.use_workers(helpers)
+
+    def answered_at(late: int):
+        """`helpers.analysed`, None at the later half's first `late` looks, then the answer (waited for)."""
+        looks = []
+
+        def analysed(number):
+            looks.append(number)
+            for _ in range(0 if len(looks) <= late else 1200):
+                if (ids := Workers.analysed(helpers, number)) is not None:
+                    return ids
+                time.sleep(0.05)
+            return None
+        return analysed
+
+    try:
+        assert there._source_ids(texts, False) == expected and len(calls) < len(texts)   # the answer: first
+        pause[0] = 0
+        for late in (1, 2, 4):
+            monkeypatch.setattr(helpers, "analysed", answered_at(late))
+            calls.clear()
+            assert there._source_ids(texts, False) == expected and len(calls) == 22 + 3 * late, late
+        with pytest.raises(limits.LimitError, match="input line 30"):
+            there._source_ids(texts[:29] + ["好" * (limits.MAX_LINE_CHARS + 1)] + texts[30:], False)
+    finally:
+        there.close()
+    still = Translator.load(model_dir)
+    still.use_workers(Workers(_never_starts, 2))
+    try:
+        assert still._source_ids(texts, False) == expected
+    finally:
+        still.close()
 
 
 def test_a_batchs_cost_counts_work_beside_its_source_length():

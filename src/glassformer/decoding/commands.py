@@ -244,7 +244,7 @@ def translate_command(args) -> int:
     lines = utf8_lines(list(args.text) if args.text else [line.rstrip("\r\n") for line in sys.stdin])
     translator, alpha = _translator(args, sum(1 for line in lines if line.strip()))
     try:
-        translator.batch_size = args.batch_size
+        translator.batch_size, translator.final = args.batch_size, True          # one job: its helpers end with it
         if args.verbose:
             for n, enc in enumerate(translator.analyse(lines, args.truncate), start=1):
                 unknown = f"  unknown: {' '.join(enc.unknown)}" if enc.unknown else ""
@@ -281,6 +281,7 @@ def evaluate_command(args) -> int:
     translator, alpha = _translator(args, len(pairs))
     from .evaluate import evaluate_pairs
 
+    translator.final = True                                                  # one job: its helpers end with it
     try:
         result = evaluate_pairs(translator, pairs, args.input, args.beam, alpha, args.max_length)
     finally:

@@ -23,6 +23,8 @@ from .joining import joins
 from .search import DEFAULT_ALPHA, DEFAULT_STOP, generate, step, steps, strategy
 
 COMPILE_MODES = ("auto", "on", "off")
+SHARED_ANALYSIS = 512       # lines from which a job's later half is segmented by a helper too (`_source_ids`)
+CHUNK = 64                  # lines segmented here between two looks for the helper's answer (~1 ms)
 
 
 def _within_line_limit(text: str, line: int, truncate: bool) -> str:
@@ -81,6 +83,7 @@ class Translator:
         self._compiled: CompiledDecoder | None = None                        # the model's packages, once loaded
         self.threads: int | None = None                  # the packages' thread count (default: the usable cores)
         self.workers, self._workers = 1, None            # decoding processes; started at the first long job
+        self.final = False                 # the next job is the helpers' last (a command's): each ends after it
         self.expected: tuple[int, int, int] | None = None    # a helper's: the job it waits for (`warm`)
 
     @classmethod
@@ -104,14 +107,34 @@ class Translator:
     def check_lengths(self, encodings: Sequence[SourceEncoding], truncate: bool = False,
                       first_line: int = 1) -> list[list[int]]:
         """Source ids per text; over-long input is a UsageError naming the limit, or cut with truncate."""
+        return self._within_lengths([enc.ids for enc in encodings], truncate, first_line)
+
+    def _within_lengths(self, sources: Sequence[list[int]], truncate: bool, first_line: int = 1) -> list[list[int]]:
         limit = self.max_source_len
         ids = []
-        for n, enc in enumerate(encodings, start=first_line):
-            if len(enc.ids) > limit and not truncate:
-                raise UsageError(f"input line {n}: {len(enc.ids)} units, over the model's limit of {limit} "
+        for n, source in enumerate(sources, start=first_line):
+            if len(source) > limit and not truncate:
+                raise UsageError(f"input line {n}: {len(source)} units, over the model's limit of {limit} "
                                  "source units (shorten it or pass --truncate)")
-            ids.append(enc.ids[:limit])
+            ids.append(source[:limit])
         return ids
+
+    def _source_ids(self, texts: Sequence[str], truncate: bool) -> list[list[int]]:
+        """`check_lengths(analyse(texts))`. With helpers and SHARED_ANALYSIS lines or more, the later half is also
+        segmented by a helper that has started (decoding/workers.py `analyse`), while this process segments the first
+        half, then the later one CHUNK lines at a time until the helper's ids are there: nothing waits for it."""
+        if self._workers is None or len(texts) < SHARED_ANALYSIS:
+            return self.check_lengths(self.analyse(texts, truncate), truncate)
+        cut = [_within_line_limit(t, n, truncate) for n, t in enumerate(texts, start=1)]
+        half = len(cut) // 2
+        number = self._workers.analyse(cut[half:])
+        ids = [self.source.analyse(t).ids for t in cut[:half]]
+        for start in range(half, len(cut), CHUNK):
+            if number is not None and (theirs := self._workers.analysed(number)) is not None:
+                ids += theirs[start - half:]
+                break
+            ids += [self.source.analyse(t).ids for t in cut[start: start + CHUNK]]
+        return self._within_lengths(ids, truncate)
 
     def check_max_length(self, max_length: int | None) -> None:
         """A requested output limit must be a positive count within the model's target positions."""
@@ -203,7 +226,7 @@ class Translator:
             return None
         try:
             w = self._workers
-            if w is None or w.key != self._held() or len(w.pipes) != self.workers - 1:
+            if w is None or w.ended or w.key != self._held() or len(w.pipes) != self.workers - 1:
                 self.close()
                 copy = Translator(self.model, None, None, compile=self.compile, compile_cache=self.compile_cache)
                 copy.precision = self.precision                              # each helper makes its own copy
@@ -215,7 +238,7 @@ class Translator:
             here = functools.partial(self.decode_batches, beam=beam, alpha=alpha, max_length=max_length,
                                      sentences=sentences)
             return self._workers.decode(batches, here, beam, alpha, max_length, self.stop, sentences,
-                                        joining=beam == 1 and self.compile != "off")
+                                        joining=beam == 1 and self.compile != "off", last=self.final)
         except Exception as error:                                           # pickling, a helper that ended
             self._note(f"--workers {self.workers}: {type(error).__name__}: {str(error)[:160]}; decoding here")
             self.close()
@@ -272,7 +295,7 @@ class Translator:
     def translate(self, texts: Sequence[str], beam: int = 1, alpha: float = DEFAULT_ALPHA,
                   truncate: bool = False, max_length: int | None = None) -> list[str]:
         """One English line per input text (an empty or blank text gives an empty line)."""
-        ids = self.check_lengths(self.analyse(texts, truncate), truncate)
+        ids = self._source_ids(texts, truncate)
         return self._detokenized(ids, self.translate_ids(ids, beam, alpha, max_length))
 
     def translate_units(self, unit_lists: Sequence[Sequence[str]], beam: int = 1, alpha: float = DEFAULT_ALPHA,

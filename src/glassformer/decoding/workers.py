@@ -15,7 +15,10 @@ load the model themselves, so both starts overlap and the helper imports nothing
 the command's job decodes with while it waits for it: `Translator.warm`). Helpers stay for the
 Translator's later jobs and end with the process that started them: at its exit they are closed (their pipes, then
 a wait, so each lets go of its packages: the C++ loader then removes the folder it unpacked each into); one still
-starting, which has loaded no package, is stopped there.
+starting, which has loaded no package, is stopped there. A command's only job is its helpers' `last`: each lets go
+of its packages and ends once it has sent its reply, beside this process's tail, where the close waited for it.
+A helper with nothing to do segments lines for this process (`analyse`), e.g. a long job's later lines while this
+process segments the others (`Translator.translate`): no line waits for it (`analysed` says None until it is done).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from ..threads import usable_cores
 Batch = list[list[int]]                     # one batch: source ids per sentence
 JOB, NEXT = 0, 1                            # the shared count: the job's number, its next batch (then each helper's
                                             # batches taken in this job, then 1 for each helper that has started)
+ANALYSE = "analyse"                         # a message to a helper: segment the lines of a file (`Workers.analyse`)
 
 
 def check_workers(n: int) -> int:
@@ -73,7 +77,8 @@ class Workers:
         helpers = n - 1
         self.key: tuple | None = None          # what they decode with: set by the Translator using them (use_workers)
         self.shared = context.Array("q", 2 + 2 * helpers)        # JOB, NEXT, taken per helper, started per helper
-        self.job, self.pipes, self.processes = 0, [], []
+        self.job, self.pipes, self.processes = 0, [], []          # the last request's number (jobs and analyses)
+        self.ended = False                                       # a `last` job was sent: the helpers are ending
         self.folder = tempfile.mkdtemp(prefix="glassformer-jobs-")   # each job's batches, written once for all
         self.announced = False                                   # the Translator's note said at the first job
         for k in range(helpers):
@@ -88,11 +93,13 @@ class Workers:
         atexit.register(self.close)            # before multiprocessing's own exit handler, which terminates them
 
     def decode(self, batches: Sequence[Batch], here: Callable[[Iterable[Batch]], list], beam: int, alpha: float,
-               max_length: int | None, stop: str, sentences: int, joining: bool = False) -> list[list[list[int]]]:
+               max_length: int | None, stop: str, sentences: int, joining: bool = False,
+               last: bool = False) -> list[list[list[int]]]:
         """Target ids per batch, in the order of `batches`; `here`: this process's decoding of the batches it takes
         (an iterable, consumed as it decodes). A helper that fails or ends is a RuntimeError. `joining`: sentences
         join running batches (decoding/joining.py), handed out in the batches' order (shortest first), where the
-        costliest first would keep every row's span wide."""
+        costliest first would keep every row's span wide. `last`: no job follows; each helper ends after its reply
+        (`close` then finds it gone: a command's exit waited ~0.02 s for it)."""
         order = list(range(len(batches))) if joining else costliest_first(batches)
         job, helpers = [batches[i] for i in order], len(self.pipes)
         self.job += 1
@@ -103,8 +110,9 @@ class Workers:
         with open(path, "wb") as f:                                    # helper still starting (a socket holds
             pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)      # ~200 KB: a job of ~8,000 sentences)
         try:
+            self.ended = last
             for pipe in self.pipes:
-                pipe.send((self.job, path, beam, alpha, max_length, stop, sentences))
+                pipe.send((self.job, path, beam, alpha, max_length, stop, sentences, last))
             mine: list[int] = []
             found = here(_taken(self.shared, self.job, job, mine))
             out: list = [None] * len(job)
@@ -131,6 +139,38 @@ class Workers:
             job, reply = pipe.recv()
             if job == self.job:
                 return reply
+
+    def analyse(self, texts: Sequence[str]) -> int | None:
+        """Ask the first helper, if it has started, to segment `texts` (source ids per text, from `analysed`): the
+        request's number, or None (no helper ready, or they are ending). The texts go in a file, as a job's batches."""
+        if self.ended or not self.pipes or not self.started()[0]:
+            return None
+        self.job += 1
+        path = os.path.join(self.folder, f"{self.job}.texts")
+        with open(path, "wb") as f:
+            pickle.dump(list(texts), f, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            self.pipes[0].send((ANALYSE, self.job, path))
+        except OSError:                                                    # the helper ended: no answer comes
+            return None
+        return self.job
+
+    def analysed(self, number: int) -> list[list[int]] | None:
+        """Request `number`'s ids if its helper has answered by now, else None (nothing waits; an answer to an
+        earlier request is dropped, one that failed or could not segment counts as not there)."""
+        pipe = self.pipes[0]
+        try:
+            while pipe.poll():
+                got, reply = pipe.recv()
+                if got == number:
+                    done, where = reply
+                    if not done:
+                        return None
+                    with open(where, "rb") as f:                          # ours: written by the helper for this
+                        return pickle.load(f)                             # request, read here
+        except (EOFError, OSError):
+            return None
+        return None
 
     def taken(self) -> list[int]:
         """How many batches of the last job each helper took."""
@@ -193,8 +233,9 @@ def _job(shared, number: int, path: str) -> list[Batch] | None:
 def _serve(pipe, shared, helper: int, recipe, filters: list, inherited: list = ()) -> None:
     """A helper's start and loop: one intra-op thread, the inductor cache and the warnings filters of the job's
     command, its Translator (a copy, or made by `recipe`); then (job, batches, beam, alpha, max_length, stop,
-    sentences) in (the batches in a file: their path), (job, [(position, target ids) for each batch it took]) or
-    (job, one line of error) out.
+    sentences, last) in (the batches in a file: their path), (job, [(position, target ids) for each batch it took])
+    or (job, one line of error) out, and out of the loop after a `last` job or at the end of the pipe; or (ANALYSE,
+    number, a file of texts) in, (number, `_analyse`'s answer) out.
     `inherited`: the other ends of the pipes, which a forked helper closes (else it never hears the end of its own)."""
     for end in inherited:
         end.close()
@@ -219,23 +260,45 @@ def _serve(pipe, shared, helper: int, recipe, filters: list, inherited: list = (
     shared[_started_at((len(shared) - 2) // 2, helper)] = 1                   # started: closed with a wait
     if translator.expected is not None:                  # what the command's job decodes with, loaded while it waits
         translator.warm(*translator.expected)
-    while True:
+    last = False
+    while not last:
         try:
-            number, path, beam, alpha, max_length, translator.stop, sentences = pipe.recv()
-        except (EOFError, OSError):             # the Translator's process is done: its packages let go (the C++
-            translator.close()                  # loader removes the folder it unpacked each into), then out without
-            sys.stderr.flush()                  # the interpreter's teardown (~0.7 s with torch, the command waits)
-            os._exit(0)
-        taken: list[int] = []
-        try:
-            job = _job(shared, number, path)                              # None: the job is over
-            found = [] if job is None else translator.decode_batches(
-                _taken(shared, number, job, taken, helper), beam, alpha, max_length, sentences)
-            reply = list(zip(taken, found, strict=True))
-        except Exception as error:                                           # sent back, raised there
-            reply = f"a decoding worker failed: {type(error).__name__}: {error}"
+            message = pipe.recv()
+        except (EOFError, OSError):             # the Translator's process is done
+            break
+        if message[0] == ANALYSE:
+            number, reply = message[1], _analyse(translator, message[2])
+        else:
+            number, path, beam, alpha, max_length, translator.stop, sentences, last = message
+            taken: list[int] = []
+            try:
+                job = _job(shared, number, path)                              # None: the job is over
+                found = [] if job is None else translator.decode_batches(
+                    _taken(shared, number, job, taken, helper), beam, alpha, max_length, sentences)
+                reply = list(zip(taken, found, strict=True))
+            except Exception as error:                                       # sent back, raised there
+                reply = f"a decoding worker failed: {type(error).__name__}: {error}"
         try:
             pipe.send((number, reply))
         except OSError:                                                      # the Translator stopped listening
             return
+    translator.close()                  # its packages let go (the C++ loader removes the folder it unpacked each
+    sys.stderr.flush()                  # into), then out without the interpreter's teardown (~0.7 s with torch)
+    os._exit(0)
+
+
+def _analyse(translator, path: str) -> tuple[bool, str]:
+    """A helper's answer to ANALYSE: (True, where) with the source ids of the texts in file `path` written to `where`,
+    or (False, why not) (a helper without a tokenizer: a copy of a Translator's model)."""
+    if translator.source is None:
+        return False, "no source tokenizer"
+    try:
+        with open(path, "rb") as f:                                       # ours: written for this request
+            texts = pickle.load(f)
+        ids = [translator.source.analyse(text).ids for text in texts]
+        with open(path + ".ids", "wb") as f:
+            pickle.dump(ids, f, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as error:                         # the request's folder gone (the job ended without it)
+        return False, f"{type(error).__name__}: {error}"
+    return True, path + ".ids"
 
