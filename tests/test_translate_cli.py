@@ -603,6 +603,29 @@ def test_a_long_jobs_later_lines_are_segmented_by_a_ready_helper_too(model_dir, 
         still.close()
 
 
+def test_a_helper_asked_to_segment_stops_once_its_command_went_on(model_dir, tmp_path):
+    """`_analyse` (a helper's side of `Workers.analyse`): the ids of the lines, written beside them; a helper whose
+    command sent its next message meanwhile (it segmented the lines itself) stops at its next look and answers no,
+    rather than segment lines no one waits for before it takes its share of the job; one without a tokenizer, no."""
+    import pickle
+
+    from glassformer.decoding import workers
+
+    helper = Translator.load(model_dir)
+    texts = [f"{line}{n}" for n, line in enumerate(LINES * 20)]              # 220 lines: four looks
+    path = tmp_path / "1.texts"
+    path.write_bytes(pickle.dumps(texts))
+    done, where = workers._analyse(helper, str(path), lambda: False)
+    assert done and pickle.loads(Path(where).read_bytes()) == helper.check_lengths(helper.analyse(texts))
+    calls, analyse = [], helper.source.analyse
+    helper.source.analyse = lambda text, *a: calls.append(text) or analyse(text, *a)
+    looks = []
+    done, why = workers._analyse(helper, str(path), lambda: looks.append(0) or len(looks) > 2)
+    assert not done and len(looks) == 3 and len(calls) == 2 * workers.LOOK_EVERY, why
+    helper.source = None
+    assert workers._analyse(helper, str(path), lambda: False)[0] is False
+
+
 def test_a_batchs_cost_counts_work_beside_its_source_length():
     """Short batches cost more per row and position than long ones (their steps, their start and end): a job of
     many short batches and one long one is not dealt by rows x longest alone."""

@@ -267,7 +267,7 @@ def _serve(pipe, shared, helper: int, recipe, filters: list, inherited: list = (
         except (EOFError, OSError):             # the Translator's process is done
             break
         if message[0] == ANALYSE:
-            number, reply = message[1], _analyse(translator, message[2])
+            number, reply = message[1], _analyse(translator, message[2], pipe.poll)
         else:
             number, path, beam, alpha, max_length, translator.stop, sentences, last = message
             taken: list[int] = []
@@ -287,15 +287,24 @@ def _serve(pipe, shared, helper: int, recipe, filters: list, inherited: list = (
     os._exit(0)
 
 
-def _analyse(translator, path: str) -> tuple[bool, str]:
+LOOK_EVERY = 64     # lines a helper segments between two looks at its pipe (`_analyse`)
+
+
+def _analyse(translator, path: str, moved_on: Callable[[], bool]) -> tuple[bool, str]:
     """A helper's answer to ANALYSE: (True, where) with the source ids of the texts in file `path` written to `where`,
-    or (False, why not) (a helper without a tokenizer: a copy of a Translator's model)."""
+    or (False, why not): a helper without a tokenizer (a copy of a Translator's model), or one whose command has
+    `moved_on` (its next message is there: it segmented the lines itself while this helper was busy), looked at
+    every LOOK_EVERY lines, so that a late helper goes to the job instead of segmenting lines no one waits for."""
     if translator.source is None:
         return False, "no source tokenizer"
     try:
         with open(path, "rb") as f:                                       # ours: written for this request
             texts = pickle.load(f)
-        ids = [translator.source.analyse(text).ids for text in texts]
+        ids = []
+        for start in range(0, len(texts), LOOK_EVERY):
+            if moved_on():
+                return False, "the command went on without it"
+            ids += [translator.source.analyse(text).ids for text in texts[start: start + LOOK_EVERY]]
         with open(path + ".ids", "wb") as f:
             pickle.dump(ids, f, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as error:                         # the request's folder gone (the job ended without it)
