@@ -892,11 +892,12 @@ def test_workers_keep_the_commands_warnings_filters(model_dir, capfd):
 
 @pytest.mark.xdist_group("model_dir_packages")
 @pytest.mark.slow
-def test_compiled_workers_leave_no_unpacked_package_behind(model_dir, shared_packages, tmp_path):
-    """Each loaded package is unpacked by torch's C++ loader into a folder of the temporary directory, removed only
-    when the loader is destroyed. A process that starts a compiled helper and exits without `close()` (as the
-    translate command does) closes it at its exit, and it lets go of its packages: no folder is left (they
-    were left, ~10 MB a package and a worker, when the workers were terminated at the exit)."""
+def test_compiled_workers_leave_nothing_in_the_temporary_directory(model_dir, shared_packages, tmp_path):
+    """A package's shared object runs from where it was taken out once beside the package (`paths.unpacked`), not
+    from a folder torch's package loader made in the temporary directory at each load and removed only when the
+    loader was freed (~10 MB a package and a process; a killed process, or workers terminated at the exit, left
+    theirs): while a process and its compiled helper both hold their packages, the temporary directory is empty,
+    and it stays empty after."""
     from glassformer.inference import compiler
 
     if compiler.cxx_compiler() is None:
@@ -915,7 +916,7 @@ def test_compiled_workers_leave_no_unpacked_package_behind(model_dir, shared_pac
     done = subprocess.run([sys.executable, "-c", code, str(model_dir), str(shared_packages), *SENTENCES, "你好"],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "TMPDIR": str(temp)})
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split("\n")[:2] == ["4 True", "4"]      # while both held them: 2 packages each
+    assert done.stdout.split("\n")[:2] == ["4 True", "0"]      # while both held them (2 packages each): nothing
     assert [p.name for p in temp.glob("aotinductor_*")] == []
 
 
@@ -962,9 +963,10 @@ def test_a_helper_gets_ready_for_its_job_with_what_was_built_and_builds_nothing(
 @pytest.mark.slow
 def test_the_compiled_command_lets_go_of_its_packages_before_it_leaves(model_dir, shared_packages, tmp_path):
     """`translate --compile on` as the console script runs it (cli.run: its model's objects frozen out of the
-    collector, then out without the interpreter's teardown): the command closes its Translator, so the folders the
-    C++ loader unpacked its packages into are removed (two or three a run, ~10 MB each, were left when the frozen
-    Translator was never freed); the packages were loaded, the lines are the eager ones, the status 0."""
+    collector, then out without the interpreter's teardown): the command closes its Translator; while it held its
+    two packages (the source side and the step, both loaded) nothing of them was in the temporary directory (the C++
+    package loader's folders, two or three a run, ~10 MB each, were left when the frozen Translator was never
+    freed); the lines are the eager ones, the status 0."""
     from glassformer.inference import compiler
 
     if compiler.cxx_compiler() is None or not hasattr(os, "sched_setaffinity"):
@@ -973,10 +975,12 @@ def test_the_compiled_command_lets_go_of_its_packages_before_it_leaves(model_dir
     temp.mkdir()
     code = ("import os, sys\n"
             "import glassformer.decoding.translator as t\n"
-            "close = t.Translator.close\n"
+            "import glassformer.inference.compiler as c\n"
+            "close, load, loads = t.Translator.close, c._load, []\n"
+            "c._load = lambda path, packs: loads.append(path) or load(path, packs)\n"
             "def counted(self):\n"
             "    held = sum(p.startswith('aotinductor_') for p in os.listdir(os.environ['TMPDIR']))\n"
-            "    os.write(2, f'held {held}\\n'.encode())\n"
+            "    os.write(2, f'loaded {len(loads)} held {held}\\n'.encode())\n"
             "    close(self)\n"
             "t.Translator.close = counted\n"
             "from glassformer.cli import run\n"
@@ -990,7 +994,7 @@ def test_the_compiled_command_lets_go_of_its_packages_before_it_leaves(model_dir
     eager = subprocess.run([sys.executable, "-m", "glassformer.cli", *args, "--compile", "off"], capture_output=True,
                            text=True, timeout=300)
     assert done.returncode == 0 and done.stdout == eager.stdout and len(eager.stdout.splitlines()) == 3, done.stderr
-    assert "held 2" in done.stderr.splitlines(), done.stderr                  # the source side and the step
+    assert "loaded 2 held 0" in done.stderr.splitlines(), done.stderr         # the source side and the step
     assert [p.name for p in temp.glob("aotinductor_*")] == []
 
 

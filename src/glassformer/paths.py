@@ -1,9 +1,11 @@
 """Where glassformer looks by default: the trained model folder, the same for the CLI, the lab and the notebooks;
-and a file written whole, once, by one process at a time (`write_whole`)."""
+a file written whole, once, by one process at a time (`write_whole`); a zip member taken out once (`unpacked`)."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,3 +53,21 @@ def _locked(folder: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)                                                         # closing releases the lock
+
+
+def unpacked(archive: Path, suffix: str) -> Path:
+    """The member of zip `archive` whose name ends with `suffix` (the first), taken out once into the folder `unpacked`
+    beside it (`write_whole`) under the archive's name, size and time, so that a rewritten archive gets its own:
+    its path. Every later call, in any process, reads it there: torch's package loader unpacked a package into a new
+    temporary folder at every load (~5-30 ms), removed only when the loader was freed, so a killed process left it."""
+    stat = archive.stat()
+    path = archive.parent / "unpacked" / f"{archive.stem}.{stat.st_size}-{stat.st_mtime_ns}{suffix}"
+    if not path.exists():
+        with zipfile.ZipFile(archive) as z:
+            member = next(n for n in z.namelist() if n.endswith(suffix))
+
+            def write(partial: Path) -> None:
+                with z.open(member) as src, open(partial, "wb") as out:
+                    shutil.copyfileobj(src, out, 1 << 20)
+            write_whole(path, write)
+    return path

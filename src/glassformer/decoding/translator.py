@@ -254,7 +254,7 @@ class Translator:
 
     def close(self) -> None:
         """Stop the worker processes, if any (they also end with this process), and let go of the loaded
-        packages (the C++ loader removes the folder it unpacked each into; loaded again when next needed)."""
+        packages (loaded again when next needed)."""
         if self._workers is not None:
             self._workers.close()
             self._workers = None

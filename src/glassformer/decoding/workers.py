@@ -14,7 +14,7 @@ or the model loaded from its folder (decoding/commands.py: the commands fork it 
 load the model themselves, so both starts overlap and the helper imports nothing twice; it then loads the packages
 the command's job decodes with while it waits for it: `Translator.warm`). Helpers stay for the
 Translator's later jobs and end with the process that started them: at its exit they are closed (their pipes, then
-a wait, so each lets go of its packages: the C++ loader then removes the folder it unpacked each into); one still
+a wait, so each lets go of its packages and ends, rather than being terminated by multiprocessing); one still
 starting, which has loaded no package, is stopped there. A command's only job is its helpers' `last`: each lets go
 of its packages and ends once it has sent its reply, beside this process's tail, where the close waited for it.
 A helper with nothing to do segments lines for this process (`analyse`), e.g. a long job's later lines while this
@@ -282,8 +282,8 @@ def _serve(pipe, shared, helper: int, recipe, filters: list, inherited: list = (
             pipe.send((number, reply))
         except OSError:                                                      # the Translator stopped listening
             return
-    translator.close()                  # its packages let go (the C++ loader removes the folder it unpacked each
-    sys.stderr.flush()                  # into), then out without the interpreter's teardown (~0.7 s with torch)
+    translator.close()                  # its packages let go, then out without the interpreter's teardown (~0.7 s
+    sys.stderr.flush()                  # with torch)
     os._exit(0)
 
 

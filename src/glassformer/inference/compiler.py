@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from ..model.cache import GROW, KVCache
 from ..model.transformer import Transformer
-from ..paths import write_whole
+from ..paths import unpacked, write_whole
 from .precision import cpu_precision_support, precision_of
 from .prepare import MKL, ONEDNN, packs_left_out, prepare
 
@@ -305,14 +305,14 @@ def _tensors(h, named: dict):
 
 
 def _load(path: Path, packs: Callable[[], dict[str, Tensor]]) -> Callable:
-    """A package as a function of its flat input tensors -> a list of tensors (the C++ loader's), `packs()` ours."""
+    """A package as a function of its flat input tensors -> a list of tensors, `packs()` ours: run `unpacked`."""
     torch.cpu._init_amx()       # AMX kernels need the process's AMX state: inductor asks at a build, not at a load
-    loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
-    wanted = [name for name in loader.get_constant_fqns() if name.endswith(".mkl")]
+    runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(unpacked(path, ".so")), 1)
+    wanted = {fqn: name for name, fqn in runner.get_constant_names_to_original_fqns().items() if fqn.endswith(".mkl")}
     if not set(wanted) <= (packs := packs() if wanted else {}).keys():      # a stand-in left: MKL would not run
         raise RuntimeError(f"the package wants MKL packs the model lacks ({sorted(set(wanted) - packs.keys())[0]})")
-    loader.load_constants({name: packs[name] for name in wanted}, False, False, True)   # in place of the stand-ins
-    return loader.boxed_run
+    runner.update_constant_buffer({wanted[fqn]: packs[fqn] for fqn in wanted}, False, False, True)   # for stand-ins
+    return runner.run
 
 
 def _shapes(inputs: list, beam: int, max_len: int, few: bool = False, rows: int | None = None) -> tuple[tuple, tuple]:
