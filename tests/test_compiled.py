@@ -555,9 +555,9 @@ def test_a_many_row_step_is_made_for_a_batchs_sizes_and_named_by_them(monkeypatc
 
 
 def test_a_packages_shared_object_is_taken_out_once_and_a_rewritten_package_gets_its_own(tmp_path, monkeypatch):
-    """`unpacked`: the member is written whole beside the archive once (a later call, as another process's, reads
-    it there and writes nothing), byte for byte the archive's; an archive rewritten under the same name gets a file
-    of its own; nothing else is left in the folder."""
+    """`unpacked`: the member is written whole beside the archive once (a later use, as another process's, reads it
+    there and writes nothing), byte for byte the archive's; an archive rewritten under the same name gets a file of
+    its own; where the folder cannot be written (a read-only cache), a private copy, gone after the block."""
     import os
     import zipfile
 
@@ -568,18 +568,27 @@ def test_a_packages_shared_object_is_taken_out_once_and_a_rewritten_package_gets
     with zipfile.ZipFile(archive, "w") as z:
         z.writestr("x/data/model/a.wrapper.cpp", "code")
         z.writestr("x/data/model/a.wrapper.so", body)
-    first = paths.unpacked(archive, ".so")
-    assert first.parent == archive.parent / "unpacked" and first.read_bytes() == body
+    with paths.unpacked(archive, ".so") as first:
+        assert first.parent == archive.parent / "unpacked" and first.read_bytes() == body
     writes = []
     monkeypatch.setattr(paths, "write_whole", lambda *a, **k: writes.append(a))
-    assert paths.unpacked(archive, ".so") == first and writes == []                     # there: read, not written
+    with paths.unpacked(archive, ".so") as again:
+        assert again == first and writes == []                                   # there: read, not written
     monkeypatch.undo()
-    with zipfile.ZipFile(archive, "w") as z:                                           # rebuilt under its name
+    with zipfile.ZipFile(archive, "w") as z:                                     # rebuilt under its name
         z.writestr("x/data/model/b.wrapper.so", b"\x7fELF two")
     os.utime(archive, ns=(1, 1))
-    second = paths.unpacked(archive, ".so")
-    assert second != first and second.read_bytes() == b"\x7fELF two" and first.read_bytes() == body
+    with paths.unpacked(archive, ".so") as second:
+        assert second != first and second.read_bytes() == b"\x7fELF two" and first.read_bytes() == body
     assert sorted(p.name for p in first.parent.iterdir()) == sorted([first.name, second.name])
+
+    def read_only(path, write):
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(paths, "write_whole", read_only)
+    os.utime(archive, ns=(2, 2))
+    with paths.unpacked(archive, ".so") as private:
+        assert private.parent != first.parent and private.read_bytes() == b"\x7fELF two"
+    assert not private.exists() and not private.parent.exists() and len(list(first.parent.iterdir())) == 2
 
 
 def test_write_whole_lets_one_process_write_and_the_one_that_waited_finds_it(tmp_path):

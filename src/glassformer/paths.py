@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -55,19 +56,30 @@ def _locked(folder: Path) -> Iterator[None]:
         os.close(fd)                                                         # closing releases the lock
 
 
-def unpacked(archive: Path, suffix: str) -> Path:
+@contextmanager
+def unpacked(archive: Path, suffix: str) -> Iterator[Path]:
     """The member of zip `archive` whose name ends with `suffix` (the first), taken out once into the folder `unpacked`
-    beside it (`write_whole`) under the archive's name, size and time, so that a rewritten archive gets its own:
-    its path. Every later call, in any process, reads it there: torch's package loader unpacked a package into a new
-    temporary folder at every load (~5-30 ms), removed only when the loader was freed, so a killed process left it."""
+    beside it (`write_whole`) under the archive's name, size and time, so that a rewritten archive gets its own: its
+    path, which every later use, in any process, reads there. torch's package loader unpacked a package into a new
+    temporary folder at every load (~5-30 ms), removed only when the loader was freed: a killed process left it.
+    Where the folder cannot be written (a read-only cache), a temporary copy, removed when the block ends (a shared
+    library can go once it is loaded)."""
     stat = archive.stat()
     path = archive.parent / "unpacked" / f"{archive.stem}.{stat.st_size}-{stat.st_mtime_ns}{suffix}"
-    if not path.exists():
-        with zipfile.ZipFile(archive) as z:
-            member = next(n for n in z.namelist() if n.endswith(suffix))
+    if path.exists():
+        yield path
+        return
+    with zipfile.ZipFile(archive) as z:
+        member = next(n for n in z.namelist() if n.endswith(suffix))
 
-            def write(partial: Path) -> None:
-                with z.open(member) as src, open(partial, "wb") as out:
-                    shutil.copyfileobj(src, out, 1 << 20)
+        def write(partial: Path) -> None:
+            with z.open(member) as src, open(partial, "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+        try:
             write_whole(path, write)
-    return path
+        except OSError:                                                      # not ours to write: a private copy
+            with tempfile.TemporaryDirectory(prefix="glassformer-") as folder:
+                write(Path(folder) / path.name)
+                yield Path(folder) / path.name
+            return
+    yield path

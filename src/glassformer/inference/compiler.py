@@ -4,10 +4,9 @@
     decoder = CompiledDecoder(model, step, cache_folder(None), notes=print, steps=steps)   # decoding/search.py's
     generate(model, src, BeamSearch(4), compiled=decoder)
 
-`torch.export` traces, AOTInductor builds: `Source` (the encoder, each layer's `project_kv`), `Step` (search.py's
-`step`, or greedy's k `steps` in one call, over `prepare(model, onednn=False, path="glass", transposed=True)`) per
-beam, both also for at most FEW_ROWS rows; a bfloat16 or int8 copy's products on inductor's GEMMs. Packages are named
-by what they compute, written whole or not at all; one that fails to build or load: a note, then eager."""
+`torch.export` traces, AOTInductor builds `Source` (the encoder, each layer's `project_kv`) and `Step` (search.py's
+`step`, or greedy's k `steps` a call, on `prepare(model, onednn=False, path="glass", transposed=True)`) per beam, each
+also for FEW_ROWS rows; named by what they compute, written whole, run `unpacked` (paths.py); failing: a note, eager."""
 
 from __future__ import annotations
 
@@ -307,7 +306,8 @@ def _tensors(h, named: dict):
 def _load(path: Path, packs: Callable[[], dict[str, Tensor]]) -> Callable:
     """A package as a function of its flat input tensors -> a list of tensors, `packs()` ours: run `unpacked`."""
     torch.cpu._init_amx()       # AMX kernels need the process's AMX state: inductor asks at a build, not at a load
-    runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(unpacked(path, ".so")), 1)
+    with unpacked(path, ".so") as so:
+        runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(so), 1)
     wanted = {fqn: name for name, fqn in runner.get_constant_names_to_original_fqns().items() if fqn.endswith(".mkl")}
     if not set(wanted) <= (packs := packs() if wanted else {}).keys():      # a stand-in left: MKL would not run
         raise RuntimeError(f"the package wants MKL packs the model lacks ({sorted(set(wanted) - packs.keys())[0]})")
