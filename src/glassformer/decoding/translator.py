@@ -123,8 +123,8 @@ class Translator:
         """`check_lengths(analyse(texts))`. With helpers and SHARED_ANALYSIS lines or more, the later half is also
         segmented by a helper that has started (decoding/workers.py `analyse`), while this process segments the first
         half, then the later one CHUNK lines at a time until the helper's ids are there: nothing waits for it."""
-        if self._workers is None or len(texts) < SHARED_ANALYSIS:
-            return self.check_lengths(self.analyse(texts, truncate), truncate)
+        if self._workers is None or self._workers.key != self._held() or len(texts) < SHARED_ANALYSIS:
+            return self.check_lengths(self.analyse(texts, truncate), truncate)     # (helpers of another model: not)
         cut = [_within_line_limit(t, n, truncate) for n, t in enumerate(texts, start=1)]
         half = len(cut) // 2
         number = self._workers.analyse(cut[half:])
